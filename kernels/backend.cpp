@@ -1,0 +1,134 @@
+#include "kernels/backend.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.hpp"
+#include "kernels/cpu_backend.hpp"
+#include "kernels/elementwise.hpp"
+
+#ifdef MUON_HAVE_CUDA
+#include "kernels/cuda_backend.hpp"
+#endif
+
+namespace muon {
+namespace {
+
+bool all_finite(const float* x, int64_t n) {
+  bool ok = true;
+  for (int64_t i = 0; i < n; ++i) ok &= is_finite_bits(x[i]);
+  return ok;
+}
+
+}  // namespace
+
+bool Backend::orthogonalize(std::string_view matrix_name, const MatrixShape& shape,
+                            const float* in, float* out, const OrthogonalizeOptions& options) {
+  validate(options, shape, matrix_name);
+  const int64_t n = shape.numel();
+  if (!all_finite(in, n)) {
+    if (options.nonfinite == NonFinitePolicy::skip) {
+      std::fill(out, out + n, 0.0f);
+      return false;
+    }
+    throw NonFiniteError("matrix '" + std::string(matrix_name) + "' " + shape.str() +
+                         ": input holds NaN or Inf; step refused");
+  }
+  const auto coefficients = find_ns_schedule(options.schedule).coefficients(options.steps);
+  const auto blocks = row_blocks(options, shape, matrix_name);
+  const int64_t c = shape.cols, slice = shape.rows * shape.cols;
+
+  int64_t row0 = 0;
+  for (int64_t rb : blocks) {
+    // Gather block `rb` of every slice into work_, wide orientation (transpose tall blocks so the
+    // Gram matrix is min(rb, c) square).
+    const bool tall = rb > c;
+    const int64_t m = tall ? c : rb, k = tall ? rb : c, block = rb * c;
+    work_.resize(static_cast<size_t>(shape.batch * block));
+    for (int64_t b = 0; b < shape.batch; ++b) {
+      const float* src = in + b * slice + row0 * c;
+      float* dst = work_.data() + b * block;
+      if (!tall) {
+        std::memcpy(dst, src, sizeof(float) * block);
+      } else {
+        for (int64_t i = 0; i < rb; ++i)
+          for (int64_t j = 0; j < c; ++j) dst[j * rb + i] = src[i * c + j];
+      }
+    }
+    newton_schulz_batch(work_.data(), shape.batch, m, k, coefficients, options);
+    const float factor = static_cast<float>(options.extra_scale *
+                                            scale_factor(options.scale_rule, rb, c));
+    for (int64_t b = 0; b < shape.batch; ++b) {
+      const float* src = work_.data() + b * block;
+      float* dst = out + b * slice + row0 * c;
+      if (!tall) {
+        for (int64_t i = 0; i < block; ++i) dst[i] = factor * src[i];
+      } else {
+        for (int64_t i = 0; i < rb; ++i)
+          for (int64_t j = 0; j < c; ++j) dst[i * c + j] = factor * src[j * rb + i];
+      }
+    }
+    row0 += rb;
+  }
+  return true;
+}
+
+bool Backend::muon_update(std::string_view matrix_name, const MatrixShape& shape,
+                          const float* grad, float* momentum, float* update,
+                          const MuonOptions& options) {
+  validate(options, shape, matrix_name);
+  const int64_t n = shape.numel();
+  const auto& mo = options.momentum;
+  if (!all_finite(grad, n)) {
+    if (options.orthogonalize.nonfinite == NonFinitePolicy::skip) {
+      std::fill(update, update + n, 0.0f);
+      return false;
+    }
+    throw NonFiniteError("matrix '" + std::string(matrix_name) + "' " + shape.str() +
+                         ": gradient holds NaN or Inf; step refused, momentum untouched");
+  }
+  if (mo.convention == MomentumConvention::none) {
+    return orthogonalize(matrix_name, shape, grad, update, options.orthogonalize);
+  }
+  if (momentum == nullptr) {
+    throw InvalidArgument("matrix '" + std::string(matrix_name) +
+                          "': momentum buffer is null but the convention keeps momentum");
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const float m = momentum_step(mo.convention, momentum[i], grad[i], mo.mu);
+    momentum[i] = m;
+    update[i] = orthogonalize_input(mo.convention, mo.nesterov, m, grad[i], mo.mu);
+  }
+  return orthogonalize(matrix_name, shape, update, update, options.orthogonalize);
+}
+
+bool cuda_backend_built() {
+#ifdef MUON_HAVE_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+std::unique_ptr<Backend> make_backend(std::string_view kind, const BackendConfig& config) {
+  if (kind == "cpu") return std::make_unique<CpuBackend>(config);
+  if (kind == "cuda" || kind == "auto") {
+#ifdef MUON_HAVE_CUDA
+    try {
+      return make_cuda_backend(config);
+    } catch (const BackendUnavailable&) {
+      if (kind == "cuda") throw;
+      return std::make_unique<CpuBackend>(config);
+    }
+#else
+    if (kind == "cuda") {
+      throw BackendUnavailable("the CUDA backend is not in this build (configured with "
+                               "MUON_OFFLOAD_CUDA=OFF or no nvcc found)");
+    }
+    return std::make_unique<CpuBackend>(config);
+#endif
+  }
+  throw InvalidArgument("unknown backend '" + std::string(kind) + "' (known: cpu, cuda, auto)");
+}
+
+}  // namespace muon

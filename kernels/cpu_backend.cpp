@@ -1,0 +1,141 @@
+#include "kernels/cpu_backend.hpp"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.hpp"
+
+namespace muon {
+namespace {
+
+// Copy the upper triangle of a row-major m x m matrix onto its lower triangle. ssyrk writes one
+// triangle only; the full matrix then feeds sgemm.
+void mirror_upper(float* s, int64_t m) {
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < i; ++j) s[i * m + j] = s[j * m + i];
+}
+
+void grow(std::vector<float>& v, int64_t n) {
+  if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
+}
+
+}  // namespace
+
+double frobenius_norm(const float* x, int64_t n) {
+  double s = 0.0;
+  for (int64_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * x[i];
+  return std::sqrt(s);
+}
+
+CpuBackend::CpuBackend(const BackendConfig& config) {
+  if (config.cpu_threads > 0) openblas_set_num_threads(config.cpu_threads);
+}
+
+void CpuBackend::newton_schulz_batch(float* x, int64_t count, int64_t rows, int64_t cols,
+                                     const std::vector<NsCoefficients>& coefficients,
+                                     const OrthogonalizeOptions& options) {
+  if (options.precision == Precision::bf16) {
+    throw InvalidArgument("the CPU backend computes in fp32 only; bf16 products need --backend cuda");
+  }
+  const NsAlgorithm algo = options.algorithm;
+  const int64_t size = rows * cols;
+  for (int64_t i = 0; i < count; ++i) {
+    float* xi = x + i * size;
+    const double norm = frobenius_norm(xi, size);
+    if (norm == 0.0) continue;  // exact zeros in, exact zeros out (never 0/0)
+    const float fnorm = static_cast<float>(norm);
+    const float denom = options.eps_mode == EpsMode::add ? fnorm + options.eps
+                                                         : std::max(fnorm, options.eps);
+    for (int64_t j = 0; j < size; ++j) xi[j] = xi[j] / denom;
+    if (algo == NsAlgorithm::gram) {
+      gram(xi, rows, cols, coefficients);
+    } else {
+      plain_or_syrk(xi, rows, cols, coefficients, algo == NsAlgorithm::syrk);
+    }
+  }
+}
+
+// Per step, X wide m x n row-major:  A = X X^T;  B = b A + c A A;  X <- a X + B X.
+// syrk: A = X X^T and A A = A A^T (A is symmetric) by ssyrk on the upper triangle.
+void CpuBackend::plain_or_syrk(float* x, int64_t m, int64_t n,
+                               const std::vector<NsCoefficients>& coeffs, bool syrk) {
+  grow(a_, m * m);
+  grow(b_, m * m);
+  grow(x2_, m * n);
+  float* A = a_.data();
+  float* B = b_.data();
+  float* cur = x;
+  float* next = x2_.data();
+  const int M = static_cast<int>(m), N = static_cast<int>(n);
+  for (const auto& k : coeffs) {
+    const float a = static_cast<float>(k.a), b = static_cast<float>(k.b),
+                c = static_cast<float>(k.c);
+    if (syrk) {
+      cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, M, N, 1.0f, cur, N, 0.0f, A, M);
+      mirror_upper(A, m);
+      std::memcpy(B, A, sizeof(float) * m * m);
+      cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, M, M, c, A, M, b, B, M);
+      mirror_upper(B, m);
+    } else {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, M, N, 1.0f, cur, N, cur, N, 0.0f, A,
+                  M);
+      std::memcpy(B, A, sizeof(float) * m * m);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, M, M, c, A, M, A, M, b, B, M);
+    }
+    std::memcpy(next, cur, sizeof(float) * m * n);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, M, 1.0f, B, M, cur, N, a, next,
+                N);
+    std::swap(cur, next);
+  }
+  if (cur != x) std::memcpy(x, cur, sizeof(float) * m * n);
+}
+
+// Gram-space iteration (Dao-AILab gram-newton-schulz, 2025). With X_k = Q_k X_0 and
+// R_k = X_k X_k^T, one step X_{k+1} = P_k X_k with P_k = a I + b R_k + c R_k^2 gives
+//   Q_{k+1} = P_k Q_k,   R_{k+1} = P_k R_k P_k  (P_k is a polynomial in R_k: symmetric, commuting),
+// so only m x m products run per step and X = Q X_0 is formed once at the end.
+void CpuBackend::gram(float* x, int64_t m, int64_t n, const std::vector<NsCoefficients>& coeffs) {
+  grow(a_, m * m);   // R
+  grow(b_, m * m);   // P
+  grow(q_, m * m);   // Q
+  grow(t_, m * m);   // scratch
+  grow(x2_, m * n);  // X_0 copy
+  float* R = a_.data();
+  float* P = b_.data();
+  float* Q = q_.data();
+  float* T = t_.data();
+  const int M = static_cast<int>(m), N = static_cast<int>(n);
+  cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, M, N, 1.0f, x, N, 0.0f, R, M);
+  mirror_upper(R, m);
+  for (size_t s = 0; s < coeffs.size(); ++s) {
+    const float a = static_cast<float>(coeffs[s].a), b = static_cast<float>(coeffs[s].b),
+                c = static_cast<float>(coeffs[s].c);
+    // P = c R R + b R + a I
+    std::memcpy(P, R, sizeof(float) * m * m);
+    cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, M, M, c, R, M, b, P, M);
+    mirror_upper(P, m);
+    for (int64_t i = 0; i < m; ++i) P[i * m + i] += a;
+    if (s == 0) {
+      std::memcpy(Q, P, sizeof(float) * m * m);
+    } else {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, M, M, 1.0f, P, M, Q, M, 0.0f, T,
+                  M);
+      std::swap(Q, T);
+    }
+    if (s + 1 < coeffs.size()) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, M, M, 1.0f, P, M, R, M, 0.0f, T,
+                  M);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, M, M, 1.0f, T, M, P, M, 0.0f, R,
+                  M);
+      mirror_upper(R, m);  // keep R exactly symmetric: ssyrk reads all of it
+    }
+  }
+  std::memcpy(x2_.data(), x, sizeof(float) * m * n);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, M, 1.0f, Q, M, x2_.data(), N, 0.0f,
+              x, N);
+}
+
+}  // namespace muon

@@ -1,0 +1,102 @@
+// Options of the Muon math: how a gradient becomes an update. One struct shared by the kernels,
+// the server's registrations and the CLI, so a name means the same thing everywhere.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kernels/elementwise.hpp"
+#include "kernels/scale_rule.hpp"
+
+namespace muon {
+
+/// How ||X||_F is guarded before Newton-Schulz:
+///   add    X / (||X||_F + eps)   Keller's reference, torch.optim.Muon, Megatron.
+///   clamp  X / max(||X||_F, eps) torch.nn.functional.normalize (NVIDIA Emerging-Optimizers).
+enum class EpsMode { add, clamp };
+
+/// How the Newton-Schulz products are formed (all compute the same polynomial):
+///   plain  three GEMMs per step: A = X X^T, B = bA + cAA, X = aX + BX.
+///   syrk   A = X X^T and A A = A A^T as symmetric rank-k updates (half the FLOPs of both).
+///   gram   iterate in Gram space (R = X X^T, Q <- p(R) Q, R <- p(R) R p(R), X = Q X0): two
+///          m x m x n products in total instead of two per step; wins when cols >> rows
+///          (Dao-AILab gram-newton-schulz, 2025). Less exact in fp32: R squares the
+///          condition number, so it lands ~1e-4..1e-3 (5 steps) to ~3e-3 (10 steps) from the SVD oracle
+///          where plain and syrk land ~1e-5; opt-in for very wide matrices.
+enum class NsAlgorithm { plain, syrk, gram };
+
+/// Inputs of the Newton-Schulz products. fp32 everywhere on the CPU; the CUDA backend rounds X to
+/// bf16 and accumulates in fp32 (`bf16`, its default) or stays in fp32.
+enum class Precision { backend_default, fp32, bf16 };
+
+/// What to do with a gradient holding NaN or Inf:
+///   error  refuse the step with NonFiniteError naming the matrix; momentum untouched (default).
+///   skip   return a zero update and leave the momentum untouched.
+enum class NonFinitePolicy { error, skip };
+
+/// Options of the orthogonalization U = extra_scale * scale_rule(r, c) * NS(X).
+struct OrthogonalizeOptions {
+  std::string schedule = "keller";  ///< a name or alias from ns_schedules()
+  int steps = 0;                    ///< 0: the schedule's default
+  float eps = 1e-7f;
+  EpsMode eps_mode = EpsMode::add;
+  ScaleRule scale_rule = ScaleRule::keller;
+  double extra_scale = 1.0;
+  /// Row blocks orthogonalized separately (fused QKV), e.g. {q_rows, k_rows, v_rows}; empty
+  /// means one block. Must add up to the matrix' rows.
+  std::vector<int64_t> row_splits;
+  NsAlgorithm algorithm = NsAlgorithm::plain;
+  Precision precision = Precision::backend_default;
+  NonFinitePolicy nonfinite = NonFinitePolicy::error;
+};
+
+/// Momentum options; the state itself (fp32, same shape as the parameter) lives with the caller.
+struct MomentumOptions {
+  MomentumConvention convention = MomentumConvention::sum;
+  float mu = 0.95f;
+  bool nesterov = true;
+};
+
+/// Everything that turns a gradient into an update.
+struct MuonOptions {
+  MomentumOptions momentum;
+  OrthogonalizeOptions orthogonalize;
+};
+
+/// A parameter's global shape: `batch` independent matrices of rows x cols (batch 1 for a
+/// plain matrix, the expert count for an MoE stack [b, r, c]). Row-major fp32.
+struct MatrixShape {
+  int64_t batch = 1;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t numel() const { return batch * rows * cols; }
+  std::string str() const;
+};
+
+/// Shape from tensor dims: [r, c] or [b, r, c]. Throws InvalidArgument naming `matrix_name` for
+/// 0-D/1-D/4-D+ input or a zero extent (Muon is for matrices; flatten conv kernels first).
+MatrixShape matrix_shape_from_dims(std::span<const int64_t> dims, std::string_view matrix_name);
+
+/// The row blocks of a matrix: `row_splits`, or {rows} when empty. Throws InvalidArgument naming
+/// the matrix when a block is not positive or the blocks do not add up to rows.
+std::vector<int64_t> row_blocks(const OrthogonalizeOptions& options, const MatrixShape& shape,
+                                std::string_view matrix_name);
+
+/// Checks everything about options + shape that can be checked without data (schedule name and
+/// steps, eps, splits, extra_scale, mu). Throws InvalidArgument naming the matrix.
+void validate(const MuonOptions& options, const MatrixShape& shape, std::string_view matrix_name);
+void validate(const OrthogonalizeOptions& options, const MatrixShape& shape,
+              std::string_view matrix_name);
+
+/// Name parsers for the CLI, configs and the wire; each throws InvalidArgument listing the
+/// accepted names.
+EpsMode parse_eps_mode(std::string_view name);
+NsAlgorithm parse_ns_algorithm(std::string_view name);
+Precision parse_precision(std::string_view name);
+NonFinitePolicy parse_nonfinite_policy(std::string_view name);
+MomentumConvention parse_momentum_convention(std::string_view name);
+
+}  // namespace muon

@@ -1,0 +1,311 @@
+// The CPU backend (the oracle of every other path) against an SVD in double, and the structural
+// contracts: transpose symmetry, batch = loop bitwise, slice independence, exact zeros, splits,
+// SYRK/Gram = plain, non-finite policy, clear errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "core/error.hpp"
+#include "kernels/backend.hpp"
+#include "kernels/cpu_backend.hpp"
+#include "svd_oracle.hpp"
+
+using namespace muon;
+using namespace muon::testing;
+
+namespace {
+
+OrthogonalizeOptions unscaled(const std::string& schedule, int steps = 0) {
+  OrthogonalizeOptions o;
+  o.schedule = schedule;
+  o.steps = steps;
+  o.scale_rule = ScaleRule::none;
+  return o;
+}
+
+bool bitwise_equal(const float* a, const float* b, size_t n) {
+  return std::memcmp(a, b, n * sizeof(float)) == 0;
+}
+
+struct OracleCase {
+  std::string schedule;
+  int steps;
+  int rows, cols;
+};
+
+class CpuOracle : public ::testing::TestWithParam<OracleCase> {};
+
+}  // namespace
+
+TEST_P(CpuOracle, MatchesSvdOracleAndStaysInTheSchedulesBand) {
+  const auto& p = GetParam();
+  auto backend = make_backend("cpu");
+  auto g = matrix_with_spectrum(p.rows, p.cols, 1e-3, 42u + p.rows);
+  std::vector<float> out(g.size());
+  const auto opts = unscaled(p.schedule, p.steps);
+  ASSERT_TRUE(backend->orthogonalize("w", {1, p.rows, p.cols}, g.data(), out.data(), opts));
+  const auto coeffs = find_ns_schedule(p.schedule).coefficients(p.steps);
+  // Directions above 1e-2 of the norm: the band must hold for them (with fp32 slack).
+  const double s_min = 1e-2;
+  auto [lo, hi] = ns_promised_band(coeffs, s_min);
+  auto r = compare_with_oracle(g.data(), out.data(), p.rows, p.cols, coeffs, opts.eps, s_min);
+  EXPECT_LT(r.rel_error, 3e-5) << p.schedule;
+  EXPECT_LT(r.max_offdiag, 3e-5) << p.schedule;
+  EXPECT_GE(r.min_kept, lo - 1e-3) << p.schedule;
+  EXPECT_LE(r.max_kept, hi + 1e-3) << p.schedule;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Schedules, CpuOracle,
+    ::testing::Values(OracleCase{"keller", 5, 48, 80}, OracleCase{"keller", 5, 80, 48},
+                      OracleCase{"keller", 5, 64, 64}, OracleCase{"you", 5, 48, 80},
+                      OracleCase{"polar_express", 8, 64, 96},
+                      OracleCase{"polar_express_raw", 5, 96, 64},
+                      OracleCase{"polar_express_nvidia", 8, 40, 40},
+                      OracleCase{"polar_express_105", 5, 40, 72},
+                      OracleCase{"cans", 5, 72, 40}, OracleCase{"aol", 4, 50, 70},
+                      OracleCase{"deepseek_v4", 10, 64, 100}),
+    [](const auto& info) {
+      return info.param.schedule + "_" + std::to_string(info.param.rows) + "x" +
+             std::to_string(info.param.cols);
+    });
+
+TEST(CpuNewtonSchulz, ConvergentScheduleApproachesThePolarFactor) {
+  // Polar Express with 10 steps: every direction above 1e-3 lands within 2 % of msign = U V^T.
+  auto backend = make_backend("cpu");
+  const int r = 40, c = 70;
+  auto g = matrix_with_spectrum(r, c, 1e-2, 7);
+  std::vector<float> out(g.size());
+  ASSERT_TRUE(backend->orthogonalize("w", {1, r, c}, g.data(), out.data(),
+                                     unscaled("polar_express", 10)));
+  auto rep = compare_with_oracle(g.data(), out.data(), r, c,
+                                 find_ns_schedule("polar_express").coefficients(10), 1e-7, 1e-3);
+  EXPECT_GT(rep.min_kept, 0.98);
+  EXPECT_LT(rep.max_kept, 1.02);
+}
+
+TEST(CpuNewtonSchulz, TransposeSymmetryIsBitwise) {
+  // NS(G^T) = NS(G)^T: a tall input is transposed to the wide orientation, so both runs do the
+  // same arithmetic.
+  auto backend = make_backend("cpu");
+  const int r = 30, c = 50;
+  auto g = gaussian(r * c, 3);
+  std::vector<float> gt(g.size()), out(g.size()), out_t(g.size());
+  for (int i = 0; i < r; ++i)
+    for (int j = 0; j < c; ++j) gt[j * r + i] = g[i * c + j];
+  auto opts = unscaled("keller");
+  backend->orthogonalize("w", {1, r, c}, g.data(), out.data(), opts);
+  backend->orthogonalize("wt", {1, c, r}, gt.data(), out_t.data(), opts);
+  for (int i = 0; i < r; ++i)
+    for (int j = 0; j < c; ++j) ASSERT_EQ(out[i * c + j], out_t[j * r + i]) << i << "," << j;
+}
+
+TEST(CpuNewtonSchulz, BatchedEqualsLoopedBitwiseAndSlicesAreIndependent) {
+  auto backend = make_backend("cpu");
+  const int b = 3, r = 24, c = 40;
+  auto g = gaussian(b * r * c, 11);
+  OrthogonalizeOptions opts;  // keller scale, default schedule
+  std::vector<float> batched(g.size());
+  backend->orthogonalize("experts", {b, r, c}, g.data(), batched.data(), opts);
+  for (int i = 0; i < b; ++i) {
+    std::vector<float> one(r * c);
+    backend->orthogonalize("expert", {1, r, c}, g.data() + i * r * c, one.data(), opts);
+    EXPECT_TRUE(bitwise_equal(one.data(), batched.data() + i * r * c, r * c)) << "slice " << i;
+  }
+  // Scaling slice 1 by 1000 changes slices 0 and 2 not at all (each slice normalized alone).
+  auto g2 = g;
+  for (int k = 0; k < r * c; ++k) g2[r * c + k] *= 1000.0f;
+  std::vector<float> batched2(g.size());
+  backend->orthogonalize("experts", {b, r, c}, g2.data(), batched2.data(), opts);
+  EXPECT_TRUE(bitwise_equal(batched.data(), batched2.data(), r * c));
+  EXPECT_TRUE(bitwise_equal(batched.data() + 2 * r * c, batched2.data() + 2 * r * c, r * c));
+}
+
+TEST(CpuNewtonSchulz, AllZeroInputGivesExactZeros) {
+  auto backend = make_backend("cpu");
+  for (auto mode : {EpsMode::add, EpsMode::clamp}) {
+    for (float eps : {1e-7f, 0.0f}) {
+      for (auto algo : {NsAlgorithm::plain, NsAlgorithm::syrk, NsAlgorithm::gram}) {
+        OrthogonalizeOptions o;
+        o.eps_mode = mode;
+        o.eps = eps;
+        o.algorithm = algo;
+        std::vector<float> z(2 * 12 * 20, 0.0f), out(z.size(), 7.0f);
+        ASSERT_TRUE(backend->orthogonalize("zero", {2, 12, 20}, z.data(), out.data(), o));
+        for (float v : out) ASSERT_EQ(v, 0.0f);
+      }
+    }
+  }
+}
+
+TEST(CpuNewtonSchulz, EpsModesOnARankOneRow) {
+  // A 1 x n row g has one singular value ||g|| / d after normalization by d; NS maps it to
+  // f(||g|| / d) along g / ||g||. With ||g|| = 1e-8 and eps = 1e-7: add -> d = 1.1e-7,
+  // clamp -> d = 1e-7.
+  auto backend = make_backend("cpu");
+  std::vector<float> g = {3e-9f, 4e-9f, 0.0f, 0.0f};  // ||g|| = 5e-9
+  const double norm = 5e-9;
+  for (auto mode : {EpsMode::add, EpsMode::clamp}) {
+    OrthogonalizeOptions o = unscaled("keller", 1);
+    o.eps_mode = mode;
+    std::vector<float> out(4);
+    backend->orthogonalize("row", {1, 1, 4}, g.data(), out.data(), o);
+    const double d = mode == EpsMode::add ? norm + 1e-7 : 1e-7;
+    const double f = ns_scalar_map(find_ns_schedule("keller").coefficients(1), norm / d);
+    EXPECT_NEAR(out[0], f * 0.6, 1e-5 * f) << static_cast<int>(mode);
+    EXPECT_NEAR(out[1], f * 0.8, 1e-5 * f) << static_cast<int>(mode);
+    EXPECT_EQ(out[2], 0.0f);
+  }
+}
+
+TEST(CpuNewtonSchulz, SplitBlocksAreSeparateNewtonSchulzWithTheirOwnScale) {
+  // Fused QKV of 16 + 16 + 32 rows by 24 cols: each block orthogonalized on its own and scaled by
+  // its own shape (keller: 32x24 -> sqrt(32/24), 16x24 -> 1).
+  auto backend = make_backend("cpu");
+  const int c = 24;
+  auto g = gaussian(64 * c, 5);
+  OrthogonalizeOptions fused;
+  fused.row_splits = {16, 16, 32};
+  std::vector<float> out(g.size());
+  backend->orthogonalize("qkv", {1, 64, c}, g.data(), out.data(), fused);
+  int row0 = 0;
+  for (int rb : {16, 16, 32}) {
+    OrthogonalizeOptions alone;
+    std::vector<float> one(rb * c);
+    backend->orthogonalize("block", {1, rb, c}, g.data() + row0 * c, one.data(), alone);
+    EXPECT_TRUE(bitwise_equal(one.data(), out.data() + row0 * c, rb * c)) << "block at " << row0;
+    row0 += rb;
+  }
+  // The scale really is per block: the tall block's RMS is sqrt(32/24) times the wide one's.
+  auto rms = [&](int r0, int rows) {
+    double s = 0;
+    for (int i = r0 * c; i < (r0 + rows) * c; ++i) s += double(out[i]) * out[i];
+    return std::sqrt(s / (rows * c));
+  };
+  // Unscaled NS gives singular values ~1, so RMS ~ sqrt(min(r,c) / (r*c)).
+  const double wide = rms(0, 16) / std::sqrt(16.0 / (16 * c));
+  const double tall = rms(32, 32) / std::sqrt(24.0 / (32 * c));
+  EXPECT_NEAR(tall / wide, std::sqrt(32.0 / 24.0), 0.1);
+}
+
+TEST(CpuNewtonSchulz, SyrkAndGramComputeTheSamePolynomial) {
+  // Each algorithm against the SVD oracle. plain and syrk are equally exact in fp32; gram loses
+  // accuracy (R = X X^T squares the condition number), stated in muon_options.hpp.
+  auto backend = make_backend("cpu");
+  for (auto [r, c] : {std::pair{32, 32}, std::pair{32, 160}, std::pair{160, 32}, std::pair{48, 64}}) {
+    for (const char* schedule : {"keller", "polar_express", "deepseek_v4"}) {
+      auto g = matrix_with_spectrum(r, c, 1e-3, 100 + r + c);
+      const auto coeffs = find_ns_schedule(schedule).coefficients(0);
+      std::vector<float> out(g.size());
+      for (auto algo : {NsAlgorithm::plain, NsAlgorithm::syrk, NsAlgorithm::gram}) {
+        auto o = unscaled(schedule);
+        o.algorithm = algo;
+        backend->orthogonalize("w", {1, r, c}, g.data(), out.data(), o);
+        auto rep = compare_with_oracle(g.data(), out.data(), r, c, coeffs, o.eps, 1e-2);
+        const double tol = algo != NsAlgorithm::gram ? 3e-5 : coeffs.size() > 6 ? 5e-3 : 1e-3;
+        EXPECT_LT(rep.rel_error, tol) << schedule << " " << r << "x" << c << " algo "
+                                      << static_cast<int>(algo);
+      }
+    }
+  }
+}
+
+TEST(CpuNewtonSchulz, ScaleRuleAndExtraScaleMultiplyTheUpdate) {
+  auto backend = make_backend("cpu");
+  const int r = 40, c = 10;
+  auto g = gaussian(r * c, 9);
+  std::vector<float> base(g.size()), scaled(g.size());
+  auto o = unscaled("keller");
+  backend->orthogonalize("w", {1, r, c}, g.data(), base.data(), o);
+  o.scale_rule = ScaleRule::match_adamw;
+  o.extra_scale = 3.0;
+  backend->orthogonalize("w", {1, r, c}, g.data(), scaled.data(), o);
+  const float f = static_cast<float>(3.0 * 0.2 * std::sqrt(40.0));
+  for (size_t i = 0; i < g.size(); ++i) ASSERT_EQ(scaled[i], f * base[i]);
+}
+
+TEST(CpuMuonUpdate, MomentumThenNewtonSchulzBitwise) {
+  auto backend = make_backend("cpu");
+  const int r = 16, c = 24, n = r * c;
+  for (auto conv : {MomentumConvention::sum, MomentumConvention::ema}) {
+    for (bool nesterov : {true, false}) {
+      MuonOptions o;
+      o.momentum = {conv, 0.9f, nesterov};
+      auto g = gaussian(n, 21), m0 = gaussian(n, 22);
+      auto m = m0;
+      std::vector<float> update(n);
+      ASSERT_TRUE(backend->muon_update("w", {1, r, c}, g.data(), m.data(), update.data(), o));
+      std::vector<float> m_ref(n), x(n), u_ref(n);
+      for (int i = 0; i < n; ++i) {
+        m_ref[i] = momentum_step(conv, m0[i], g[i], 0.9f);
+        x[i] = orthogonalize_input(conv, nesterov, m_ref[i], g[i], 0.9f);
+      }
+      backend->orthogonalize("w", {1, r, c}, x.data(), u_ref.data(), o.orthogonalize);
+      EXPECT_TRUE(bitwise_equal(m.data(), m_ref.data(), n));
+      EXPECT_TRUE(bitwise_equal(update.data(), u_ref.data(), n));
+    }
+  }
+  // Client-held momentum: the gradient is orthogonalized as it is, no state needed.
+  MuonOptions o;
+  o.momentum.convention = MomentumConvention::none;
+  auto g = gaussian(n, 23);
+  std::vector<float> update(n), u_ref(n);
+  ASSERT_TRUE(backend->muon_update("w", {1, r, c}, g.data(), nullptr, update.data(), o));
+  backend->orthogonalize("w", {1, r, c}, g.data(), u_ref.data(), o.orthogonalize);
+  EXPECT_TRUE(bitwise_equal(update.data(), u_ref.data(), n));
+}
+
+TEST(CpuMuonUpdate, NonFiniteGradientIsRefusedAndMomentumUntouched) {
+  auto backend = make_backend("cpu");
+  const int r = 8, c = 8, n = r * c;
+  auto g = gaussian(n, 31), m = gaussian(n, 32);
+  const auto m_before = m;
+  g[17] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> update(n, 5.0f);
+  MuonOptions o;
+  try {
+    backend->muon_update("layers.3.mlp.w1", {1, r, c}, g.data(), m.data(), update.data(), o);
+    FAIL() << "expected NonFiniteError";
+  } catch (const NonFiniteError& e) {
+    EXPECT_NE(std::string(e.what()).find("layers.3.mlp.w1"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(bitwise_equal(m.data(), m_before.data(), n));
+  g[17] = std::numeric_limits<float>::infinity();
+  o.orthogonalize.nonfinite = NonFinitePolicy::skip;
+  EXPECT_FALSE(backend->muon_update("w", {1, r, c}, g.data(), m.data(), update.data(), o));
+  EXPECT_TRUE(bitwise_equal(m.data(), m_before.data(), n));
+  for (float v : update) ASSERT_EQ(v, 0.0f);
+}
+
+TEST(CpuNewtonSchulz, BadInputIsAClearErrorNamingTheMatrix) {
+  auto backend = make_backend("cpu");
+  std::vector<float> buf(64, 1.0f), out(64);
+  auto expect_error = [&](auto&& call, const std::string& needle) {
+    try {
+      call();
+      FAIL() << "expected InvalidArgument containing " << needle;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("attn.qkv"), std::string::npos) << e.what();
+    }
+  };
+  OrthogonalizeOptions bad_split;
+  bad_split.row_splits = {3, 3};
+  expect_error([&] { backend->orthogonalize("attn.qkv", {1, 8, 8}, buf.data(), out.data(), bad_split); },
+               "add up to 6");
+  OrthogonalizeOptions bad_schedule;
+  bad_schedule.schedule = "newton";
+  expect_error([&] { backend->orthogonalize("attn.qkv", {1, 8, 8}, buf.data(), out.data(), bad_schedule); },
+               "unknown Newton-Schulz schedule");
+  expect_error([&] { backend->orthogonalize("attn.qkv", {1, 0, 8}, buf.data(), out.data(), {}); },
+               "empty");
+  const int64_t one_d[] = {64};
+  expect_error([&] { matrix_shape_from_dims(one_d, "attn.qkv"); }, "1-D");
+  const int64_t four_d[] = {2, 2, 4, 4};
+  expect_error([&] { matrix_shape_from_dims(four_d, "attn.qkv"); }, "4-D");
+  OrthogonalizeOptions bf16;
+  bf16.precision = Precision::bf16;
+  EXPECT_THROW(backend->orthogonalize("w", {1, 8, 8}, buf.data(), out.data(), bf16), InvalidArgument);
+  EXPECT_THROW(make_backend("tpu"), InvalidArgument);
+}
