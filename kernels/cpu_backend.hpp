@@ -8,9 +8,11 @@
 
 namespace muon {
 
-/// Newton-Schulz with OpenBLAS in fp32. Deterministic: the same input gives the same bits on every
-/// call (OpenBLAS splits GEMMs over M/N, never over K), and a batch gives the same bits as a
-/// loop over its matrices.
+/// Newton-Schulz with OpenBLAS in fp32. Deterministic at a fixed OpenBLAS thread count: the same
+/// input gives the same bits on every call, and a batch the same bits as a loop over its
+/// matrices. A different thread count changes the last bits (OpenBLAS picks other kernels and
+/// splits), so every process that must agree bitwise (server, in-process reference) sets
+/// BackendConfig::cpu_threads to the same value.
 class CpuBackend final : public Backend {
  public:
   /// Sets OpenBLAS' thread count when config.cpu_threads > 0 (a process-wide setting).

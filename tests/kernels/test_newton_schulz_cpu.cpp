@@ -122,6 +122,27 @@ TEST(CpuNewtonSchulz, BatchedEqualsLoopedBitwiseAndSlicesAreIndependent) {
   EXPECT_TRUE(bitwise_equal(batched.data() + 2 * r * c, batched2.data() + 2 * r * c, r * c));
 }
 
+TEST(CpuNewtonSchulz, RepeatedCallsAreBitwiseEqualDespiteWorkspaceReuse) {
+  // The workspace is reused and grown across calls: a call after a larger one, and after one with
+  // another algorithm, must give the same bits as the first.
+  auto backend = make_backend("cpu");
+  const int r = 20, c = 36;
+  auto g = gaussian(r * c, 77);
+  std::vector<float> first(g.size()), again(g.size());
+  for (auto algo : {NsAlgorithm::plain, NsAlgorithm::syrk, NsAlgorithm::gram}) {
+    OrthogonalizeOptions o;
+    o.algorithm = algo;
+    backend->orthogonalize("w", {1, r, c}, g.data(), first.data(), o);
+    auto big = gaussian(3 * 64 * 90, 78);
+    std::vector<float> big_out(big.size());
+    OrthogonalizeOptions other;
+    other.algorithm = algo == NsAlgorithm::gram ? NsAlgorithm::plain : NsAlgorithm::gram;
+    backend->orthogonalize("big", {3, 64, 90}, big.data(), big_out.data(), other);
+    backend->orthogonalize("w", {1, r, c}, g.data(), again.data(), o);
+    EXPECT_TRUE(bitwise_equal(first.data(), again.data(), g.size())) << static_cast<int>(algo);
+  }
+}
+
 TEST(CpuNewtonSchulz, AllZeroInputGivesExactZeros) {
   auto backend = make_backend("cpu");
   for (auto mode : {EpsMode::add, EpsMode::clamp}) {
