@@ -32,7 +32,7 @@ class Error : public std::runtime_error {
 class InvalidArgument : public Error {
  public:
   explicit InvalidArgument(const std::string& message,
-                  std::source_location where = std::source_location::current())
+                           std::source_location where = std::source_location::current())
       : Error(message, where) {}
 };
 
@@ -40,7 +40,7 @@ class InvalidArgument : public Error {
 class NonFiniteError : public Error {
  public:
   explicit NonFiniteError(const std::string& message,
-                  std::source_location where = std::source_location::current())
+                          std::source_location where = std::source_location::current())
       : Error(message, where) {}
 };
 
@@ -49,7 +49,7 @@ class NonFiniteError : public Error {
 class BackendUnavailable : public Error {
  public:
   explicit BackendUnavailable(const std::string& message,
-                  std::source_location where = std::source_location::current())
+                              std::source_location where = std::source_location::current())
       : Error(message, where) {}
 };
 
@@ -57,7 +57,7 @@ class BackendUnavailable : public Error {
 class DeviceError : public Error {
  public:
   explicit DeviceError(const std::string& message,
-                  std::source_location where = std::source_location::current())
+                       std::source_location where = std::source_location::current())
       : Error(message, where) {}
 };
 

@@ -22,8 +22,8 @@ bool all_finite(const float* x, int64_t n) {
 
 }  // namespace
 
-bool Backend::orthogonalize(std::string_view matrix_name, const MatrixShape& shape,
-                            const float* in, float* out, const OrthogonalizeOptions& options) {
+bool Backend::orthogonalize(std::string_view matrix_name, const MatrixShape& shape, const float* in,
+                            float* out, const OrthogonalizeOptions& options) {
   validate(options, shape, matrix_name);
   const int64_t n = shape.numel();
   if (!all_finite(in, n)) {
@@ -56,8 +56,8 @@ bool Backend::orthogonalize(std::string_view matrix_name, const MatrixShape& sha
       }
     }
     newton_schulz_batch(work_.data(), shape.batch, m, k, coefficients, options);
-    const float factor = static_cast<float>(options.extra_scale *
-                                            scale_factor(options.scale_rule, rb, c));
+    const float factor =
+        static_cast<float>(options.extra_scale * scale_factor(options.scale_rule, rb, c));
     for (int64_t b = 0; b < shape.batch; ++b) {
       const float* src = work_.data() + b * block;
       float* dst = out + b * slice + row0 * c;
@@ -73,9 +73,8 @@ bool Backend::orthogonalize(std::string_view matrix_name, const MatrixShape& sha
   return true;
 }
 
-bool Backend::muon_update(std::string_view matrix_name, const MatrixShape& shape,
-                          const float* grad, float* momentum, float* update,
-                          const MuonOptions& options) {
+bool Backend::muon_update(std::string_view matrix_name, const MatrixShape& shape, const float* grad,
+                          float* momentum, float* update, const MuonOptions& options) {
   validate(options, shape, matrix_name);
   const int64_t n = shape.numel();
   const auto& mo = options.momentum;
@@ -122,8 +121,9 @@ std::unique_ptr<Backend> make_backend(std::string_view kind, const BackendConfig
     }
 #else
     if (kind == "cuda") {
-      throw BackendUnavailable("the CUDA backend is not in this build (configured with "
-                               "MUON_OFFLOAD_CUDA=OFF or no nvcc found)");
+      throw BackendUnavailable(
+          "the CUDA backend is not in this build (configured with "
+          "MUON_OFFLOAD_CUDA=OFF or no nvcc found)");
     }
     return std::make_unique<CpuBackend>(config);
 #endif

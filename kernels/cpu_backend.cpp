@@ -38,7 +38,8 @@ void CpuBackend::newton_schulz_batch(float* x, int64_t count, int64_t rows, int6
                                      const std::vector<NsCoefficients>& coefficients,
                                      const OrthogonalizeOptions& options) {
   if (options.precision == Precision::bf16) {
-    throw InvalidArgument("the CPU backend computes in fp32 only; bf16 products need --backend cuda");
+    throw InvalidArgument(
+        "the CPU backend computes in fp32 only; bf16 products need --backend cuda");
   }
   const NsAlgorithm algo = options.algorithm;
   const int64_t size = rows * cols;
@@ -47,8 +48,8 @@ void CpuBackend::newton_schulz_batch(float* x, int64_t count, int64_t rows, int6
     const double norm = frobenius_norm(xi, size);
     if (norm == 0.0) continue;  // exact zeros in, exact zeros out (never 0/0)
     const float fnorm = static_cast<float>(norm);
-    const float denom = options.eps_mode == EpsMode::add ? fnorm + options.eps
-                                                         : std::max(fnorm, options.eps);
+    const float denom =
+        options.eps_mode == EpsMode::add ? fnorm + options.eps : std::max(fnorm, options.eps);
     for (int64_t j = 0; j < size; ++j) xi[j] = xi[j] / denom;
     if (algo == NsAlgorithm::gram) {
       gram(xi, rows, cols, coefficients);
@@ -86,8 +87,7 @@ void CpuBackend::plain_or_syrk(float* x, int64_t m, int64_t n,
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, M, M, c, A, M, A, M, b, B, M);
     }
     std::memcpy(next, cur, sizeof(float) * m * n);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, M, 1.0f, B, M, cur, N, a, next,
-                N);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, M, 1.0f, B, M, cur, N, a, next, N);
     std::swap(cur, next);
   }
   if (cur != x) std::memcpy(x, cur, sizeof(float) * m * n);
@@ -121,15 +121,12 @@ void CpuBackend::gram(float* x, int64_t m, int64_t n, const std::vector<NsCoeffi
     if (s == 0) {
       std::memcpy(Q, P, sizeof(float) * m * m);
     } else {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, M, M, 1.0f, P, M, Q, M, 0.0f, T,
-                  M);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, M, M, 1.0f, P, M, Q, M, 0.0f, T, M);
       std::swap(Q, T);
     }
     if (s + 1 < coeffs.size()) {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, M, M, 1.0f, P, M, R, M, 0.0f, T,
-                  M);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, M, M, 1.0f, T, M, P, M, 0.0f, R,
-                  M);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, M, M, 1.0f, P, M, R, M, 0.0f, T, M);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, M, M, 1.0f, T, M, P, M, 0.0f, R, M);
       mirror_upper(R, m);  // keep R exactly symmetric: ssyrk reads all of it
     }
   }

@@ -21,8 +21,7 @@ enum class MomentumConvention { sum, ema, none };
 /// end - (end-start)*(1-w) (ATen's lerp in aten/src/ATen/native/Lerp.h).
 MUON_HD float lerp(float start, float end, float weight) {
   const float diff = end - start;
-  return (weight < 0.5f && weight > -0.5f) ? start + weight * diff
-                                            : end - diff * (1.0f - weight);
+  return (weight < 0.5f && weight > -0.5f) ? start + weight * diff : end - diff * (1.0f - weight);
 }
 
 /// New momentum from the old momentum m and the gradient g.

@@ -20,7 +20,8 @@ MatrixShape matrix_shape_from_dims(std::span<const int64_t> dims, std::string_vi
                           "tensor, got " + std::to_string(dims.size()) + "-D");
   }
   for (auto d : dims) {
-    if (d <= 0) throw InvalidArgument(who + ": empty tensor (a dimension is " + std::to_string(d) + ")");
+    if (d <= 0)
+      throw InvalidArgument(who + ": empty tensor (a dimension is " + std::to_string(d) + ")");
   }
   MatrixShape s;
   s.batch = dims.size() == 3 ? dims[0] : 1;
@@ -95,13 +96,15 @@ Precision parse_precision(std::string_view name) {
   if (name == "default") return Precision::backend_default;
   if (name == "fp32") return Precision::fp32;
   if (name == "bf16") return Precision::bf16;
-  throw InvalidArgument("unknown precision '" + std::string(name) + "' (known: default, fp32, bf16)");
+  throw InvalidArgument("unknown precision '" + std::string(name) +
+                        "' (known: default, fp32, bf16)");
 }
 
 NonFinitePolicy parse_nonfinite_policy(std::string_view name) {
   if (name == "error") return NonFinitePolicy::error;
   if (name == "skip") return NonFinitePolicy::skip;
-  throw InvalidArgument("unknown non-finite policy '" + std::string(name) + "' (known: error, skip)");
+  throw InvalidArgument("unknown non-finite policy '" + std::string(name) +
+                        "' (known: error, skip)");
 }
 
 MomentumConvention parse_momentum_convention(std::string_view name) {

@@ -24,8 +24,8 @@ enum class EpsMode { add, clamp };
 ///   gram   iterate in Gram space (R = X X^T, Q <- p(R) Q, R <- p(R) R p(R), X = Q X0): two
 ///          m x m x n products in total instead of two per step; wins when cols >> rows
 ///          (Dao-AILab gram-newton-schulz, 2025). Less exact in fp32: R squares the
-///          condition number, so it lands ~1e-4..1e-3 (5 steps) to ~3e-3 (10 steps) from the SVD oracle
-///          where plain and syrk land ~1e-5; opt-in for very wide matrices.
+///          condition number, so it lands ~1e-4..1e-3 (5 steps) to ~3e-3 (10 steps) from the SVD
+///          oracle where plain and syrk land ~1e-5; opt-in for very wide matrices.
 enum class NsAlgorithm { plain, syrk, gram };
 
 /// Inputs of the Newton-Schulz products. fp32 everywhere on the CPU; the CUDA backend rounds X to

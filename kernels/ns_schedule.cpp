@@ -93,17 +93,18 @@ std::vector<NsSchedule> build_schedules() {
                5,
                1,
                "Polar Express first 5 steps, safety 1.05 (Dao-AILab gram-newton-schulz)"});
-  s.push_back({"cans",
-               {},
-               {{8.4703, -25.1081, 18.6293},
-                {4.1828, -3.1087, 0.5806},
-                {3.9619, -2.9541, 0.5630},
-                {3.2866, -2.4647, 0.5074},
-                {2.2737, -1.6447, 0.4162}},
-               ExtraStepRule::repeat_last,
-               5,
-               1,
-               "CANS, Grishina et al. 2025, arXiv:2506.10935, as NVIDIA TransformerEngine ships it"});
+  s.push_back(
+      {"cans",
+       {},
+       {{8.4703, -25.1081, 18.6293},
+        {4.1828, -3.1087, 0.5806},
+        {3.9619, -2.9541, 0.5630},
+        {3.2866, -2.4647, 0.5074},
+        {2.2737, -1.6447, 0.4162}},
+       ExtraStepRule::repeat_last,
+       5,
+       1,
+       "CANS, Grishina et al. 2025, arXiv:2506.10935, as NVIDIA TransformerEngine ships it"});
   s.push_back({"aol",
                {},
                {{4.0098, -7.0585, 2.4635},
@@ -130,8 +131,7 @@ std::vector<NsCoefficients> NsSchedule::coefficients(int steps) const {
   if (steps == 0) steps = default_steps;
   if (steps < min_steps || steps > 100) {
     throw InvalidArgument("Newton-Schulz schedule '" + name + "' takes " +
-                          std::to_string(min_steps) + "..100 steps, got " +
-                          std::to_string(steps));
+                          std::to_string(min_steps) + "..100 steps, got " + std::to_string(steps));
   }
   std::vector<NsCoefficients> out;
   out.reserve(steps);

@@ -31,7 +31,8 @@ inline std::vector<float> matrix_with_spectrum(int rows, int cols, double s_min,
   MatD g = u * s.asDiagonal() * v.transpose();
   std::vector<float> out(static_cast<size_t>(rows) * cols);
   for (int i = 0; i < rows; ++i)
-    for (int j = 0; j < cols; ++j) out[static_cast<size_t>(i) * cols + j] = static_cast<float>(g(i, j));
+    for (int j = 0; j < cols; ++j)
+      out[static_cast<size_t>(i) * cols + j] = static_cast<float>(g(i, j));
   return out;
 }
 
@@ -53,17 +54,17 @@ inline MatD to_double(const float* x, int rows, int cols) {
 
 /// Result of comparing one Newton-Schulz output with the oracle.
 struct OracleReport {
-  double rel_error = 0;        ///< ||out - U f(S) V^T||_F / ||U f(S) V^T||_F
-  double max_offdiag = 0;      ///< max |(U^T out V)_ij|, i != j: singular vectors kept
-  double min_kept = INFINITY;  ///< min diag of U^T out V over directions with s >= s_min
-  double max_kept = -INFINITY; ///< max of the same
+  double rel_error = 0;         ///< ||out - U f(S) V^T||_F / ||U f(S) V^T||_F
+  double max_offdiag = 0;       ///< max |(U^T out V)_ij|, i != j: singular vectors kept
+  double min_kept = INFINITY;   ///< min diag of U^T out V over directions with s >= s_min
+  double max_kept = -INFINITY;  ///< max of the same
 };
 
 /// Compares `out` (rows x cols, unscaled NS output) with U f(S) V^T where X = G / (||G|| + eps)
 /// and f = ns_scalar_map(coefficients).
 inline OracleReport compare_with_oracle(const float* g, const float* out, int rows, int cols,
-                                        const std::vector<NsCoefficients>& coefficients,
-                                        double eps, double s_min) {
+                                        const std::vector<NsCoefficients>& coefficients, double eps,
+                                        double s_min) {
   MatD x = to_double(g, rows, cols);
   x /= (x.norm() + eps);
   Eigen::JacobiSVD<MatD> svd(x, Eigen::ComputeThinU | Eigen::ComputeThinV);

@@ -63,9 +63,8 @@ INSTANTIATE_TEST_SUITE_P(
                       OracleCase{"polar_express", 8, 64, 96},
                       OracleCase{"polar_express_raw", 5, 96, 64},
                       OracleCase{"polar_express_nvidia", 8, 40, 40},
-                      OracleCase{"polar_express_105", 5, 40, 72},
-                      OracleCase{"cans", 5, 72, 40}, OracleCase{"aol", 4, 50, 70},
-                      OracleCase{"deepseek_v4", 10, 64, 100}),
+                      OracleCase{"polar_express_105", 5, 40, 72}, OracleCase{"cans", 5, 72, 40},
+                      OracleCase{"aol", 4, 50, 70}, OracleCase{"deepseek_v4", 10, 64, 100}),
     [](const auto& info) {
       return info.param.schedule + "_" + std::to_string(info.param.rows) + "x" +
              std::to_string(info.param.cols);
@@ -77,8 +76,8 @@ TEST(CpuNewtonSchulz, ConvergentScheduleApproachesThePolarFactor) {
   const int r = 40, c = 70;
   auto g = matrix_with_spectrum(r, c, 1e-2, 7);
   std::vector<float> out(g.size());
-  ASSERT_TRUE(backend->orthogonalize("w", {1, r, c}, g.data(), out.data(),
-                                     unscaled("polar_express", 10)));
+  ASSERT_TRUE(
+      backend->orthogonalize("w", {1, r, c}, g.data(), out.data(), unscaled("polar_express", 10)));
   auto rep = compare_with_oracle(g.data(), out.data(), r, c,
                                  find_ns_schedule("polar_express").coefficients(10), 1e-7, 1e-3);
   EXPECT_GT(rep.min_kept, 0.98);
@@ -214,7 +213,8 @@ TEST(CpuNewtonSchulz, SyrkAndGramComputeTheSamePolynomial) {
   // Each algorithm against the SVD oracle. plain and syrk are equally exact in fp32; gram loses
   // accuracy (R = X X^T squares the condition number), stated in muon_options.hpp.
   auto backend = make_backend("cpu");
-  for (auto [r, c] : {std::pair{32, 32}, std::pair{32, 160}, std::pair{160, 32}, std::pair{48, 64}}) {
+  for (auto [r, c] :
+       {std::pair{32, 32}, std::pair{32, 160}, std::pair{160, 32}, std::pair{48, 64}}) {
     for (const char* schedule : {"keller", "polar_express", "deepseek_v4"}) {
       auto g = matrix_with_spectrum(r, c, 1e-3, 100 + r + c);
       const auto coeffs = find_ns_schedule(schedule).coefficients(0);
@@ -225,8 +225,8 @@ TEST(CpuNewtonSchulz, SyrkAndGramComputeTheSamePolynomial) {
         backend->orthogonalize("w", {1, r, c}, g.data(), out.data(), o);
         auto rep = compare_with_oracle(g.data(), out.data(), r, c, coeffs, o.eps, 1e-2);
         const double tol = algo != NsAlgorithm::gram ? 3e-5 : coeffs.size() > 6 ? 5e-3 : 1e-3;
-        EXPECT_LT(rep.rel_error, tol) << schedule << " " << r << "x" << c << " algo "
-                                      << static_cast<int>(algo);
+        EXPECT_LT(rep.rel_error, tol)
+            << schedule << " " << r << "x" << c << " algo " << static_cast<int>(algo);
       }
     }
   }
@@ -313,20 +313,30 @@ TEST(CpuNewtonSchulz, BadInputIsAClearErrorNamingTheMatrix) {
   };
   OrthogonalizeOptions bad_split;
   bad_split.row_splits = {3, 3};
-  expect_error([&] { backend->orthogonalize("attn.qkv", {1, 8, 8}, buf.data(), out.data(), bad_split); },
-               "add up to 6");
+  expect_error(
+      [&] {
+        backend->orthogonalize("attn.qkv", {1, 8, 8}, buf.data(), out.data(), bad_split);
+      },
+      "add up to 6");
   OrthogonalizeOptions bad_schedule;
   bad_schedule.schedule = "newton";
-  expect_error([&] { backend->orthogonalize("attn.qkv", {1, 8, 8}, buf.data(), out.data(), bad_schedule); },
-               "unknown Newton-Schulz schedule");
-  expect_error([&] { backend->orthogonalize("attn.qkv", {1, 0, 8}, buf.data(), out.data(), {}); },
-               "empty");
+  expect_error(
+      [&] {
+        backend->orthogonalize("attn.qkv", {1, 8, 8}, buf.data(), out.data(), bad_schedule);
+      },
+      "unknown Newton-Schulz schedule");
+  expect_error(
+      [&] {
+        backend->orthogonalize("attn.qkv", {1, 0, 8}, buf.data(), out.data(), {});
+      },
+      "empty");
   const int64_t one_d[] = {64};
   expect_error([&] { matrix_shape_from_dims(one_d, "attn.qkv"); }, "1-D");
   const int64_t four_d[] = {2, 2, 4, 4};
   expect_error([&] { matrix_shape_from_dims(four_d, "attn.qkv"); }, "4-D");
   OrthogonalizeOptions bf16;
   bf16.precision = Precision::bf16;
-  EXPECT_THROW(backend->orthogonalize("w", {1, 8, 8}, buf.data(), out.data(), bf16), InvalidArgument);
+  EXPECT_THROW(backend->orthogonalize("w", {1, 8, 8}, buf.data(), out.data(), bf16),
+               InvalidArgument);
   EXPECT_THROW(make_backend("tpu"), InvalidArgument);
 }

@@ -94,7 +94,8 @@ TEST(NsSchedule, UnknownNameAndBadStepsAreClearErrors) {
 TEST(NsSchedule, ScalarMapIsTheComposedQuintic) {
   std::vector<NsCoefficients> one{{3.4445, -4.7750, 2.0315}};
   const double s = 0.3;
-  EXPECT_DOUBLE_EQ(ns_scalar_map(one, s), 3.4445 * s - 4.7750 * s * s * s + 2.0315 * std::pow(s, 5));
+  EXPECT_DOUBLE_EQ(ns_scalar_map(one, s),
+                   3.4445 * s - 4.7750 * s * s * s + 2.0315 * std::pow(s, 5));
   EXPECT_EQ(ns_scalar_map(one, 0.0), 0.0);
 }
 
