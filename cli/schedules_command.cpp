@@ -1,0 +1,66 @@
+#include "cli/schedules_command.hpp"
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "kernels/ns_schedule.hpp"
+
+namespace muon::cli {
+namespace {
+
+std::string rule_name(ExtraStepRule rule) {
+  switch (rule) {
+    case ExtraStepRule::cycle:
+      return "cycle";
+    case ExtraStepRule::repeat_last:
+      return "repeat_last";
+    case ExtraStepRule::hybrid_tail:
+      return "hybrid_tail";
+  }
+  return "?";
+}
+
+std::string join(const std::vector<std::string>& names) {
+  std::string s;
+  for (const auto& n : names) s += (s.empty() ? "" : ", ") + n;
+  return s.empty() ? "-" : s;
+}
+
+}  // namespace
+
+void print_schedules(std::ostream& out) {
+  std::vector<std::vector<std::string>> rows = {
+      {"NAME", "ALIASES", "STEPS", "EXTRA STEPS", "SOURCE"}};
+  for (const auto& s : ns_schedules()) {
+    rows.push_back({s.name, join(s.aliases),
+                    std::to_string(s.default_steps) + " (min " + std::to_string(s.min_steps) + ")",
+                    rule_name(s.rule) + " (" + std::to_string(s.listed.size()) + " listed)",
+                    s.source});
+  }
+  std::vector<size_t> width(rows[0].size(), 0);
+  for (const auto& r : rows)
+    for (size_t i = 0; i < r.size(); ++i) width[i] = std::max(width[i], r[i].size());
+  for (const auto& r : rows) {
+    std::string line;
+    for (size_t i = 0; i < r.size(); ++i) {
+      line += r[i];
+      if (i + 1 < r.size()) line += std::string(width[i] - r[i].size() + 2, ' ');
+    }
+    out << line << '\n';
+  }
+  out << "\nEXTRA STEPS: how --steps beyond (or short of) the listed steps are filled:\n"
+         "  cycle        step i uses listed[i % listed]\n"
+         "  repeat_last  later steps repeat the last listed step\n"
+         "  hybrid_tail  steps-2 Keller quintic steps, then the 2 listed convergent steps\n";
+}
+
+void add_schedules_command(CLI::App& app) {
+  CLI::App* sub = app.add_subcommand(
+      "schedules", "List the Newton-Schulz coefficient schedules (names, aliases, steps, sources)");
+  sub->callback([] { print_schedules(std::cout); });
+}
+
+}  // namespace muon::cli

@@ -1,0 +1,375 @@
+#include "transport/messages.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <limits>
+
+namespace muon::transport {
+namespace {
+
+using json = nlohmann::json;
+
+// Reads fields of one message's JSON object, each checked for presence and type.
+class Reader {
+ public:
+  Reader(const std::string& payload, const char* message) : message_(message) {
+    try {
+      j_ = json::parse(payload);
+    } catch (const json::exception& e) {
+      fail("payload is not valid JSON (" + std::string(e.what()) + ")");
+    }
+    if (!j_.is_object()) fail("payload must be a JSON object");
+  }
+  explicit Reader(json j, const char* message) : j_(std::move(j)), message_(message) {
+    if (!j_.is_object()) fail("must be a JSON object");
+  }
+
+  [[noreturn]] void fail(const std::string& what) const {
+    throw ProtocolError(std::string(message_) + ": " + what);
+  }
+  const json& field(const char* name) const {
+    auto it = j_.find(name);
+    if (it == j_.end()) fail("missing field '" + std::string(name) + "'");
+    return *it;
+  }
+  bool has(const char* name) const { return j_.contains(name); }
+
+  std::string str(const char* name, size_t max_len = 4096) const {
+    const auto& f = field(name);
+    if (!f.is_string()) fail("field '" + std::string(name) + "' must be a string");
+    auto s = f.get<std::string>();
+    if (s.size() > max_len) fail("field '" + std::string(name) + "' is longer than " + std::to_string(max_len));
+    return s;
+  }
+  std::string str_or(const char* name, const std::string& def) const { return has(name) ? str(name) : def; }
+  int64_t i64(const char* name, int64_t lo = std::numeric_limits<int64_t>::min(),
+              int64_t hi = std::numeric_limits<int64_t>::max()) const {
+    const auto& f = field(name);
+    if (!f.is_number_integer()) fail("field '" + std::string(name) + "' must be an integer");
+    const int64_t v = f.get<int64_t>();
+    if (v < lo || v > hi) {
+      fail("field '" + std::string(name) + "' = " + std::to_string(v) + " is outside [" +
+           std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    }
+    return v;
+  }
+  int64_t i64_or(const char* name, int64_t def, int64_t lo = std::numeric_limits<int64_t>::min(),
+                 int64_t hi = std::numeric_limits<int64_t>::max()) const {
+    return has(name) ? i64(name, lo, hi) : def;
+  }
+  double num(const char* name) const {
+    const auto& f = field(name);
+    if (!f.is_number()) fail("field '" + std::string(name) + "' must be a number");
+    return f.get<double>();
+  }
+  bool boolean(const char* name) const {
+    const auto& f = field(name);
+    if (!f.is_boolean()) fail("field '" + std::string(name) + "' must be true or false");
+    return f.get<bool>();
+  }
+  bool bool_or(const char* name, bool def) const { return has(name) ? boolean(name) : def; }
+  const json& array(const char* name, size_t max_len) const {
+    const auto& f = field(name);
+    if (!f.is_array()) fail("field '" + std::string(name) + "' must be an array");
+    if (f.size() > max_len) fail("field '" + std::string(name) + "' has more than " + std::to_string(max_len) + " entries");
+    return f;
+  }
+  // Wraps a parser from kernels/ (which throws InvalidArgument) into a ProtocolError.
+  template <class F>
+  auto parse_name(const char* name, F&& parse) const {
+    try {
+      return parse(str(name, 64));
+    } catch (const InvalidArgument& e) {
+      fail("field '" + std::string(name) + "': " + e.message());
+    }
+  }
+
+ private:
+  json j_;
+  const char* message_;
+};
+
+constexpr size_t kMaxRanges = 4096;
+constexpr int64_t kMaxElements = int64_t{1} << 40;
+
+std::vector<Range> read_ranges(const Reader& r, const char* name) {
+  std::vector<Range> out;
+  for (const auto& e : r.array(name, kMaxRanges)) {
+    if (!e.is_array() || e.size() != 2 || !e[0].is_number_integer() || !e[1].is_number_integer()) {
+      r.fail("field '" + std::string(name) + "' must hold [begin, end) integer pairs");
+    }
+    Range g{e[0].get<int64_t>(), e[1].get<int64_t>()};
+    if (g.begin < 0 || g.end < g.begin || g.end > kMaxElements) {
+      r.fail("field '" + std::string(name) + "' holds an invalid range [" + std::to_string(g.begin) + ", " +
+             std::to_string(g.end) + ")");
+    }
+    out.push_back(g);
+  }
+  return out;
+}
+
+json ranges_json(const std::vector<Range>& rs) {
+  json a = json::array();
+  for (const auto& g : rs) a.push_back({g.begin, g.end});
+  return a;
+}
+
+const char* kind_name(ChunkKind k) { return k == ChunkKind::gradient ? "gradient" : "momentum"; }
+
+ChunkKind read_kind(const Reader& r) {
+  const auto s = r.str_or("kind", "gradient");
+  if (s == "gradient") return ChunkKind::gradient;
+  if (s == "momentum") return ChunkKind::momentum;
+  r.fail("field 'kind' must be 'gradient' or 'momentum', got '" + s + "'");
+}
+
+json options_json(const MuonOptions& o) {
+  const auto& m = o.momentum;
+  const auto& p = o.orthogonalize;
+  const char* conv = m.convention == MomentumConvention::sum   ? "sum"
+                     : m.convention == MomentumConvention::ema ? "ema"
+                                                               : "none";
+  const char* eps_mode = p.eps_mode == EpsMode::add ? "add" : "clamp";
+  const char* algo = p.algorithm == NsAlgorithm::plain  ? "plain"
+                     : p.algorithm == NsAlgorithm::syrk ? "syrk"
+                                                        : "gram";
+  const char* prec = p.precision == Precision::fp32   ? "fp32"
+                     : p.precision == Precision::bf16 ? "bf16"
+                                                      : "default";
+  return json{{"momentum", conv},
+              {"mu", m.mu},
+              {"nesterov", m.nesterov},
+              {"schedule", p.schedule},
+              {"steps", p.steps},
+              {"eps", p.eps},
+              {"eps_mode", eps_mode},
+              {"scale", std::string(scale_rule_name(p.scale_rule))},
+              {"extra_scale", p.extra_scale},
+              {"row_splits", p.row_splits},
+              {"algorithm", algo},
+              {"precision", prec},
+              {"nonfinite", p.nonfinite == NonFinitePolicy::error ? "error" : "skip"}};
+}
+
+MuonOptions read_options(const Reader& r) {
+  MuonOptions o;
+  auto& m = o.momentum;
+  auto& p = o.orthogonalize;
+  m.convention = r.parse_name("momentum", parse_momentum_convention);
+  m.mu = static_cast<float>(r.num("mu"));
+  m.nesterov = r.boolean("nesterov");
+  p.schedule = r.str("schedule", 64);
+  p.steps = static_cast<int>(r.i64("steps", 0, 100));
+  p.eps = static_cast<float>(r.num("eps"));
+  p.eps_mode = r.parse_name("eps_mode", parse_eps_mode);
+  p.scale_rule = r.parse_name("scale", parse_scale_rule);
+  p.extra_scale = r.num("extra_scale");
+  for (const auto& e : r.array("row_splits", 4096)) {
+    if (!e.is_number_integer()) r.fail("field 'row_splits' must hold integers");
+    p.row_splits.push_back(e.get<int64_t>());
+  }
+  p.algorithm = r.parse_name("algorithm", parse_ns_algorithm);
+  p.precision = r.parse_name("precision", parse_precision);
+  p.nonfinite = r.parse_name("nonfinite", parse_nonfinite_policy);
+  return o;
+}
+
+}  // namespace
+
+std::string message_type_name(uint16_t type) {
+  static const char* names[] = {"?",           "error",       "hello",       "hello_ok",
+                                "health",      "health_ok",   "register_param", "register_ok",
+                                "push",        "push_ack",    "commit",      "update",
+                                "update_ack",  "snapshot",    "snapshot_ok", "state_fetch",
+                                "goodbye",     "status",      "status_ok"};
+  if (type >= 1 && type < sizeof(names) / sizeof(names[0])) return names[type];
+  return "type " + std::to_string(type);
+}
+
+size_t dtype_bytes(DType d) { return d == DType::f32 ? 4 : 2; }
+const char* dtype_name(DType d) { return d == DType::f32 ? "f32" : "bf16"; }
+DType parse_dtype(const std::string& name) {
+  if (name == "f32" || name == "fp32" || name == "float32") return DType::f32;
+  if (name == "bf16" || name == "bfloat16") return DType::bf16;
+  throw InvalidArgument("unknown dtype '" + name + "' (known: f32, bf16)");
+}
+
+std::string options_to_json(const MuonOptions& options) { return options_json(options).dump(); }
+MuonOptions options_from_json(const std::string& s) { return read_options(Reader(s, "options")); }
+
+// ---- encode ----
+std::string encode(const Hello& m) {
+  return json{{"rank", m.rank}, {"world_size", m.world_size}, {"client", m.client}}.dump();
+}
+std::string encode(const HelloOk& m) {
+  return json{{"session", m.session},     {"server_version", m.server_version},
+              {"shm_name", m.shm_name},   {"tx_slots", m.tx_slots},
+              {"rx_slots", m.rx_slots},   {"slot_bytes", m.slot_bytes}}
+      .dump();
+}
+std::string encode(const HealthOk& m) {
+  return json{{"ready", m.ready}, {"sessions", m.sessions}, {"parameters", m.parameters}}.dump();
+}
+std::string encode(const RegisterParam& m) {
+  return json{{"name", m.name},
+              {"shape", m.shape},
+              {"grad_dtype", dtype_name(m.grad_dtype)},
+              {"update_dtype", dtype_name(m.update_dtype)},
+              {"options", options_json(m.options)},
+              {"push", ranges_json(m.push)},
+              {"want", ranges_json(m.want)}}
+      .dump();
+}
+std::string encode(const RegisterOk& m) {
+  return json{{"name", m.name}, {"contributors", m.contributors}, {"last_step", m.last_step}}.dump();
+}
+std::string encode(const Push& m) {
+  return json{{"name", m.name},   {"step", m.step}, {"offset", m.offset},
+              {"count", m.count}, {"slot", m.slot}, {"kind", kind_name(m.kind)}}
+      .dump();
+}
+std::string encode(const SlotAck& m) { return json{{"slot", m.slot}}.dump(); }
+std::string encode(const Commit& m) { return json{{"name", m.name}, {"step", m.step}}.dump(); }
+std::string encode(const Update& m) {
+  return json{{"name", m.name},   {"step", m.step}, {"offset", m.offset},
+              {"count", m.count}, {"slot", m.slot}, {"kind", kind_name(m.kind)},
+              {"last", m.last},   {"applied", m.applied}}
+      .dump();
+}
+std::string encode(const ErrorMsg& m) {
+  return json{{"code", m.code},   {"message", m.message}, {"param", m.param},
+              {"step", m.step},   {"rank", m.rank}}
+      .dump();
+}
+std::string encode(const SnapshotRequest& m) { return json{{"path", m.path}}.dump(); }
+std::string encode(const SnapshotOk& m) {
+  return json{{"path", m.path}, {"parameters", m.parameters}}.dump();
+}
+std::string encode(const StateFetch& m) { return json{{"name", m.name}}.dump(); }
+
+// ---- decode ----
+constexpr int64_t kMaxStep = int64_t{1} << 53;
+constexpr size_t kMaxName = 512;
+
+template <>
+Hello decode<Hello>(const std::string& p) {
+  Reader r(p, "hello");
+  Hello m;
+  m.world_size = static_cast<int>(r.i64("world_size", 1, 1 << 20));
+  m.rank = static_cast<int>(r.i64("rank", 0, m.world_size - 1));
+  m.client = r.str_or("client", "");
+  return m;
+}
+template <>
+HelloOk decode<HelloOk>(const std::string& p) {
+  Reader r(p, "hello_ok");
+  HelloOk m;
+  m.session = r.str("session");
+  m.server_version = r.str("server_version");
+  m.shm_name = r.str("shm_name", 255);
+  m.tx_slots = static_cast<uint32_t>(r.i64("tx_slots", 1, 1 << 16));
+  m.rx_slots = static_cast<uint32_t>(r.i64("rx_slots", 1, 1 << 16));
+  m.slot_bytes = static_cast<uint64_t>(r.i64("slot_bytes", 64, int64_t{1} << 32));
+  return m;
+}
+template <>
+HealthOk decode<HealthOk>(const std::string& p) {
+  Reader r(p, "health_ok");
+  return {r.boolean("ready"), static_cast<int>(r.i64("sessions", 0)),
+          static_cast<int>(r.i64("parameters", 0))};
+}
+template <>
+RegisterParam decode<RegisterParam>(const std::string& p) {
+  Reader r(p, "register_param");
+  RegisterParam m;
+  m.name = r.str("name", kMaxName);
+  if (m.name.empty()) r.fail("field 'name' must not be empty");
+  for (const auto& e : r.array("shape", 3)) {
+    if (!e.is_number_integer() || e.get<int64_t>() <= 0 || e.get<int64_t>() > (int64_t{1} << 31)) {
+      r.fail("field 'shape' must hold positive integers");
+    }
+    m.shape.push_back(e.get<int64_t>());
+  }
+  if (m.shape.size() < 2) {
+    r.fail("parameter '" + m.name + "': field 'shape' must be [rows, cols] or [batch, rows, cols]; " +
+           "a flat buffer without a matrix shape is refused");
+  }
+  m.grad_dtype = r.parse_name("grad_dtype", parse_dtype);
+  m.update_dtype = r.parse_name("update_dtype", parse_dtype);
+  const auto& opts = r.field("options");
+  if (!opts.is_object()) r.fail("field 'options' must be an object");
+  m.options = read_options(Reader(opts, "register_param.options"));
+  m.push = read_ranges(r, "push");
+  m.want = read_ranges(r, "want");
+  return m;
+}
+template <>
+RegisterOk decode<RegisterOk>(const std::string& p) {
+  Reader r(p, "register_ok");
+  return {r.str("name", kMaxName), static_cast<int>(r.i64("contributors", 0)),
+          r.i64("last_step", -1, kMaxStep)};
+}
+template <>
+Push decode<Push>(const std::string& p) {
+  Reader r(p, "push");
+  Push m;
+  m.name = r.str("name", kMaxName);
+  m.step = r.i64("step", 0, kMaxStep);
+  m.offset = r.i64("offset", 0, kMaxElements);
+  m.count = r.i64("count", 0, kMaxElements);
+  m.slot = static_cast<uint32_t>(r.i64("slot", 0, 1 << 16));
+  m.kind = read_kind(r);
+  return m;
+}
+template <>
+SlotAck decode<SlotAck>(const std::string& p) {
+  Reader r(p, "slot_ack");
+  return {static_cast<uint32_t>(r.i64("slot", 0, 1 << 16))};
+}
+template <>
+Commit decode<Commit>(const std::string& p) {
+  Reader r(p, "commit");
+  return {r.str("name", kMaxName), r.i64("step", 0, kMaxStep)};
+}
+template <>
+Update decode<Update>(const std::string& p) {
+  Reader r(p, "update");
+  Update m;
+  m.name = r.str("name", kMaxName);
+  m.step = r.i64("step", 0, kMaxStep);
+  m.offset = r.i64("offset", 0, kMaxElements);
+  m.count = r.i64("count", 0, kMaxElements);
+  m.slot = static_cast<uint32_t>(r.i64("slot", 0, 1 << 16));
+  m.kind = read_kind(r);
+  m.last = r.boolean("last");
+  m.applied = r.bool_or("applied", true);
+  return m;
+}
+template <>
+ErrorMsg decode<ErrorMsg>(const std::string& p) {
+  Reader r(p, "error");
+  ErrorMsg m;
+  m.code = r.str("code", 64);
+  m.message = r.str("message");
+  m.param = r.str_or("param", "");
+  m.step = r.i64_or("step", -1);
+  m.rank = static_cast<int>(r.i64_or("rank", -1));
+  return m;
+}
+template <>
+SnapshotRequest decode<SnapshotRequest>(const std::string& p) {
+  Reader r(p, "snapshot");
+  return {r.str_or("path", "")};
+}
+template <>
+SnapshotOk decode<SnapshotOk>(const std::string& p) {
+  Reader r(p, "snapshot_ok");
+  return {r.str("path"), static_cast<int>(r.i64("parameters", 0))};
+}
+template <>
+StateFetch decode<StateFetch>(const std::string& p) {
+  Reader r(p, "state_fetch");
+  return {r.str("name", kMaxName)};
+}
+
+}  // namespace muon::transport

@@ -1,0 +1,165 @@
+// Control-plane messages: typed structs, their JSON payloads, and strict validation. Every field
+// a peer sends is checked here before anything else looks at it; a bad field raises ProtocolError
+// naming the message and the field.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/muon_options.hpp"
+#include "transport/frame.hpp"
+
+namespace muon::transport {
+
+enum class MessageType : uint16_t {
+  error = 1,          ///< S->C  ErrorMsg
+  hello = 2,          ///< C->S  Hello
+  hello_ok = 3,       ///< S->C  HelloOk
+  health = 4,         ///< C->S  (empty)
+  health_ok = 5,      ///< S->C  HealthOk
+  register_param = 6, ///< C->S  RegisterParam
+  register_ok = 7,    ///< S->C  RegisterOk, once every rank of the job registered the parameter
+  push = 8,           ///< C->S  Push: data sits in a tx ring slot
+  push_ack = 9,       ///< S->C  SlotAck: the tx slot is free again (a credit)
+  commit = 10,        ///< C->S  Commit: this rank's contribution for (name, step) is complete
+  update = 11,        ///< S->C  Update: data sits in an rx ring slot
+  update_ack = 12,    ///< C->S  SlotAck: the rx slot is free again
+  snapshot = 13,      ///< C->S  SnapshotRequest
+  snapshot_ok = 14,   ///< S->C  SnapshotOk
+  state_fetch = 15,   ///< C->S  StateFetch: send this parameter's momentum as Update chunks
+  goodbye = 16,       ///< C->S  (empty): orderly disconnect
+  status = 17,        ///< C->S  (empty)
+  status_ok = 18,     ///< S->C  free-form JSON status
+};
+
+/// Readable name of a message type ("register_param"), or "type <n>".
+std::string message_type_name(uint16_t type);
+
+/// Element type of gradient and update bytes on the data plane.
+enum class DType : uint8_t { f32, bf16 };
+size_t dtype_bytes(DType d);
+const char* dtype_name(DType d);
+DType parse_dtype(const std::string& name);  ///< "f32"|"fp32"|"float32", "bf16"|"bfloat16"
+
+/// A half-open element range [begin, end) over a parameter's flattened elements.
+struct Range {
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t size() const { return end - begin; }
+};
+
+/// What a data-plane chunk carries.
+enum class ChunkKind : uint8_t { gradient, momentum };
+
+struct Hello {
+  int rank = 0;             ///< this compute rank, 0 <= rank < world_size
+  int world_size = 1;       ///< compute ranks of the job that talk to this server
+  std::string client;       ///< free text for logs ("trainer pid 1234")
+};
+
+struct HelloOk {
+  std::string session;         ///< session id for logs
+  std::string server_version;  ///< "muon-offloadd 0.1.0"
+  std::string shm_name;        ///< the session's shared-memory segment; unlinked once mapped
+  uint32_t tx_slots = 0;       ///< client -> server ring slots
+  uint32_t rx_slots = 0;       ///< server -> client ring slots
+  uint64_t slot_bytes = 0;     ///< bytes per slot
+};
+
+struct HealthOk {
+  bool ready = true;
+  int sessions = 0;
+  int parameters = 0;
+};
+
+struct RegisterParam {
+  std::string name;
+  std::vector<int64_t> shape;  ///< [rows, cols] or [batch, rows, cols]
+  DType grad_dtype = DType::f32;
+  DType update_dtype = DType::f32;
+  MuonOptions options;
+  std::vector<Range> push;  ///< element ranges this rank contributes (may be empty)
+  std::vector<Range> want;  ///< element ranges of the update this rank receives (may be empty)
+};
+
+struct RegisterOk {
+  std::string name;
+  int contributors = 0;   ///< contributions summed into every element
+  int64_t last_step = -1; ///< last step applied (from a restored snapshot), -1 when none
+};
+
+struct Push {
+  std::string name;
+  int64_t step = 0;
+  int64_t offset = 0;  ///< first element
+  int64_t count = 0;   ///< elements in the slot
+  uint32_t slot = 0;
+  ChunkKind kind = ChunkKind::gradient;
+};
+
+struct SlotAck {
+  uint32_t slot = 0;
+};
+
+struct Commit {
+  std::string name;
+  int64_t step = 0;
+};
+
+struct Update {
+  std::string name;
+  int64_t step = 0;
+  int64_t offset = 0;
+  int64_t count = 0;
+  uint32_t slot = 0;
+  ChunkKind kind = ChunkKind::gradient;  ///< gradient: an update; momentum: state_fetch data
+  bool last = false;     ///< the last chunk of this (name, step) for this client
+  bool applied = true;   ///< false when the step was skipped (non-finite policy skip): zeros
+};
+
+struct ErrorMsg {
+  std::string code;     ///< "bad_request", "unknown_parameter", "peer_lost", "timeout", ...
+  std::string message;  ///< readable, names the parameter / rank involved
+  std::string param;    ///< empty when not about one parameter
+  int64_t step = -1;
+  int rank = -1;        ///< the rank the error is about (a lost peer), -1 when none
+};
+
+struct SnapshotRequest {
+  std::string path;  ///< empty: the server's configured snapshot path
+};
+
+struct SnapshotOk {
+  std::string path;
+  int parameters = 0;
+};
+
+struct StateFetch {
+  std::string name;
+};
+
+// ---- JSON payloads. encode() never fails; decode() throws ProtocolError naming the field. ----
+std::string encode(const Hello&);
+std::string encode(const HelloOk&);
+std::string encode(const HealthOk&);
+std::string encode(const RegisterParam&);
+std::string encode(const RegisterOk&);
+std::string encode(const Push&);
+std::string encode(const SlotAck&);
+std::string encode(const Commit&);
+std::string encode(const Update&);
+std::string encode(const ErrorMsg&);
+std::string encode(const SnapshotRequest&);
+std::string encode(const SnapshotOk&);
+std::string encode(const StateFetch&);
+
+template <class T>
+T decode(const std::string& payload);
+
+/// MuonOptions <-> JSON object with the option names of the CLI (schedule, steps, eps, eps_mode,
+/// scale, extra_scale, row_splits, algorithm, precision, nonfinite, momentum, mu, nesterov).
+std::string options_to_json(const MuonOptions& options);
+MuonOptions options_from_json(const std::string& json_object);
+
+}  // namespace muon::transport
