@@ -38,10 +38,13 @@ class Reader {
     const auto& f = field(name);
     if (!f.is_string()) fail("field '" + std::string(name) + "' must be a string");
     auto s = f.get<std::string>();
-    if (s.size() > max_len) fail("field '" + std::string(name) + "' is longer than " + std::to_string(max_len));
+    if (s.size() > max_len)
+      fail("field '" + std::string(name) + "' is longer than " + std::to_string(max_len));
     return s;
   }
-  std::string str_or(const char* name, const std::string& def) const { return has(name) ? str(name) : def; }
+  std::string str_or(const char* name, const std::string& def) const {
+    return has(name) ? str(name) : def;
+  }
   int64_t i64(const char* name, int64_t lo = std::numeric_limits<int64_t>::min(),
               int64_t hi = std::numeric_limits<int64_t>::max()) const {
     const auto& f = field(name);
@@ -71,7 +74,9 @@ class Reader {
   const json& array(const char* name, size_t max_len) const {
     const auto& f = field(name);
     if (!f.is_array()) fail("field '" + std::string(name) + "' must be an array");
-    if (f.size() > max_len) fail("field '" + std::string(name) + "' has more than " + std::to_string(max_len) + " entries");
+    if (f.size() > max_len)
+      fail("field '" + std::string(name) + "' has more than " + std::to_string(max_len) +
+           " entries");
     return f;
   }
   // Wraps a parser from kernels/ (which throws InvalidArgument) into a ProtocolError.
@@ -100,8 +105,8 @@ std::vector<Range> read_ranges(const Reader& r, const char* name) {
     }
     Range g{e[0].get<int64_t>(), e[1].get<int64_t>()};
     if (g.begin < 0 || g.end < g.begin || g.end > kMaxElements) {
-      r.fail("field '" + std::string(name) + "' holds an invalid range [" + std::to_string(g.begin) + ", " +
-             std::to_string(g.end) + ")");
+      r.fail("field '" + std::string(name) + "' holds an invalid range [" +
+             std::to_string(g.begin) + ", " + std::to_string(g.end) + ")");
     }
     out.push_back(g);
   }
@@ -114,7 +119,9 @@ json ranges_json(const std::vector<Range>& rs) {
   return a;
 }
 
-const char* kind_name(ChunkKind k) { return k == ChunkKind::gradient ? "gradient" : "momentum"; }
+const char* kind_name(ChunkKind k) {
+  return k == ChunkKind::gradient ? "gradient" : "momentum";
+}
 
 ChunkKind read_kind(const Reader& r) {
   const auto s = r.str_or("kind", "gradient");
@@ -177,34 +184,42 @@ MuonOptions read_options(const Reader& r) {
 }  // namespace
 
 std::string message_type_name(uint16_t type) {
-  static const char* names[] = {"?",           "error",       "hello",       "hello_ok",
-                                "health",      "health_ok",   "register_param", "register_ok",
-                                "push",        "push_ack",    "commit",      "update",
-                                "update_ack",  "snapshot",    "snapshot_ok", "state_fetch",
-                                "goodbye",     "status",      "status_ok"};
+  static const char* names[] = {"?",          "error",     "hello",          "hello_ok",
+                                "health",     "health_ok", "register_param", "register_ok",
+                                "push",       "push_ack",  "commit",         "update",
+                                "update_ack", "snapshot",  "snapshot_ok",    "state_fetch",
+                                "goodbye",    "status",    "status_ok"};
   if (type >= 1 && type < sizeof(names) / sizeof(names[0])) return names[type];
   return "type " + std::to_string(type);
 }
 
-size_t dtype_bytes(DType d) { return d == DType::f32 ? 4 : 2; }
-const char* dtype_name(DType d) { return d == DType::f32 ? "f32" : "bf16"; }
+size_t dtype_bytes(DType d) {
+  return d == DType::f32 ? 4 : 2;
+}
+const char* dtype_name(DType d) {
+  return d == DType::f32 ? "f32" : "bf16";
+}
 DType parse_dtype(const std::string& name) {
   if (name == "f32" || name == "fp32" || name == "float32") return DType::f32;
   if (name == "bf16" || name == "bfloat16") return DType::bf16;
   throw InvalidArgument("unknown dtype '" + name + "' (known: f32, bf16)");
 }
 
-std::string options_to_json(const MuonOptions& options) { return options_json(options).dump(); }
-MuonOptions options_from_json(const std::string& s) { return read_options(Reader(s, "options")); }
+std::string options_to_json(const MuonOptions& options) {
+  return options_json(options).dump();
+}
+MuonOptions options_from_json(const std::string& s) {
+  return read_options(Reader(s, "options"));
+}
 
 // ---- encode ----
 std::string encode(const Hello& m) {
   return json{{"rank", m.rank}, {"world_size", m.world_size}, {"client", m.client}}.dump();
 }
 std::string encode(const HelloOk& m) {
-  return json{{"session", m.session},     {"server_version", m.server_version},
-              {"shm_name", m.shm_name},   {"tx_slots", m.tx_slots},
-              {"rx_slots", m.rx_slots},   {"slot_bytes", m.slot_bytes}}
+  return json{{"session", m.session},   {"server_version", m.server_version},
+              {"shm_name", m.shm_name}, {"tx_slots", m.tx_slots},
+              {"rx_slots", m.rx_slots}, {"slot_bytes", m.slot_bytes}}
       .dump();
 }
 std::string encode(const HealthOk& m) {
@@ -221,31 +236,43 @@ std::string encode(const RegisterParam& m) {
       .dump();
 }
 std::string encode(const RegisterOk& m) {
-  return json{{"name", m.name}, {"contributors", m.contributors}, {"last_step", m.last_step}}.dump();
+  return json{{"name", m.name}, {"contributors", m.contributors}, {"last_step", m.last_step}}
+      .dump();
 }
 std::string encode(const Push& m) {
   return json{{"name", m.name},   {"step", m.step}, {"offset", m.offset},
               {"count", m.count}, {"slot", m.slot}, {"kind", kind_name(m.kind)}}
       .dump();
 }
-std::string encode(const SlotAck& m) { return json{{"slot", m.slot}}.dump(); }
-std::string encode(const Commit& m) { return json{{"name", m.name}, {"step", m.step}}.dump(); }
+std::string encode(const SlotAck& m) {
+  return json{{"slot", m.slot}}.dump();
+}
+std::string encode(const Commit& m) {
+  return json{{"name", m.name}, {"step", m.step}}.dump();
+}
 std::string encode(const Update& m) {
-  return json{{"name", m.name},   {"step", m.step}, {"offset", m.offset},
-              {"count", m.count}, {"slot", m.slot}, {"kind", kind_name(m.kind)},
+  return json{{"name", m.name},   {"step", m.step},      {"offset", m.offset},
+              {"count", m.count}, {"slot", m.slot},      {"kind", kind_name(m.kind)},
               {"last", m.last},   {"applied", m.applied}}
       .dump();
 }
 std::string encode(const ErrorMsg& m) {
-  return json{{"code", m.code},   {"message", m.message}, {"param", m.param},
-              {"step", m.step},   {"rank", m.rank}}
+  return json{{"code", m.code},
+              {"message", m.message},
+              {"param", m.param},
+              {"step", m.step},
+              {"rank", m.rank}}
       .dump();
 }
-std::string encode(const SnapshotRequest& m) { return json{{"path", m.path}}.dump(); }
+std::string encode(const SnapshotRequest& m) {
+  return json{{"path", m.path}}.dump();
+}
 std::string encode(const SnapshotOk& m) {
   return json{{"path", m.path}, {"parameters", m.parameters}}.dump();
 }
-std::string encode(const StateFetch& m) { return json{{"name", m.name}}.dump(); }
+std::string encode(const StateFetch& m) {
+  return json{{"name", m.name}}.dump();
+}
 
 // ---- decode ----
 constexpr int64_t kMaxStep = int64_t{1} << 53;
@@ -291,7 +318,8 @@ RegisterParam decode<RegisterParam>(const std::string& p) {
     m.shape.push_back(e.get<int64_t>());
   }
   if (m.shape.size() < 2) {
-    r.fail("parameter '" + m.name + "': field 'shape' must be [rows, cols] or [batch, rows, cols]; " +
+    r.fail("parameter '" + m.name +
+           "': field 'shape' must be [rows, cols] or [batch, rows, cols]; " +
            "a flat buffer without a matrix shape is refused");
   }
   m.grad_dtype = r.parse_name("grad_dtype", parse_dtype);

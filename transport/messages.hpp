@@ -13,24 +13,24 @@
 namespace muon::transport {
 
 enum class MessageType : uint16_t {
-  error = 1,          ///< S->C  ErrorMsg
-  hello = 2,          ///< C->S  Hello
-  hello_ok = 3,       ///< S->C  HelloOk
-  health = 4,         ///< C->S  (empty)
-  health_ok = 5,      ///< S->C  HealthOk
-  register_param = 6, ///< C->S  RegisterParam
-  register_ok = 7,    ///< S->C  RegisterOk, once every rank of the job registered the parameter
-  push = 8,           ///< C->S  Push: data sits in a tx ring slot
-  push_ack = 9,       ///< S->C  SlotAck: the tx slot is free again (a credit)
-  commit = 10,        ///< C->S  Commit: this rank's contribution for (name, step) is complete
-  update = 11,        ///< S->C  Update: data sits in an rx ring slot
-  update_ack = 12,    ///< C->S  SlotAck: the rx slot is free again
-  snapshot = 13,      ///< C->S  SnapshotRequest
-  snapshot_ok = 14,   ///< S->C  SnapshotOk
-  state_fetch = 15,   ///< C->S  StateFetch: send this parameter's momentum as Update chunks
-  goodbye = 16,       ///< C->S  (empty): orderly disconnect
-  status = 17,        ///< C->S  (empty)
-  status_ok = 18,     ///< S->C  free-form JSON status
+  error = 1,           ///< S->C  ErrorMsg
+  hello = 2,           ///< C->S  Hello
+  hello_ok = 3,        ///< S->C  HelloOk
+  health = 4,          ///< C->S  (empty)
+  health_ok = 5,       ///< S->C  HealthOk
+  register_param = 6,  ///< C->S  RegisterParam
+  register_ok = 7,     ///< S->C  RegisterOk, once every rank of the job registered the parameter
+  push = 8,            ///< C->S  Push: data sits in a tx ring slot
+  push_ack = 9,        ///< S->C  SlotAck: the tx slot is free again (a credit)
+  commit = 10,         ///< C->S  Commit: this rank's contribution for (name, step) is complete
+  update = 11,         ///< S->C  Update: data sits in an rx ring slot
+  update_ack = 12,     ///< C->S  SlotAck: the rx slot is free again
+  snapshot = 13,       ///< C->S  SnapshotRequest
+  snapshot_ok = 14,    ///< S->C  SnapshotOk
+  state_fetch = 15,    ///< C->S  StateFetch: send this parameter's momentum as Update chunks
+  goodbye = 16,        ///< C->S  (empty): orderly disconnect
+  status = 17,         ///< C->S  (empty)
+  status_ok = 18,      ///< S->C  free-form JSON status
 };
 
 /// Readable name of a message type ("register_param"), or "type <n>".
@@ -53,9 +53,9 @@ struct Range {
 enum class ChunkKind : uint8_t { gradient, momentum };
 
 struct Hello {
-  int rank = 0;             ///< this compute rank, 0 <= rank < world_size
-  int world_size = 1;       ///< compute ranks of the job that talk to this server
-  std::string client;       ///< free text for logs ("trainer pid 1234")
+  int rank = 0;        ///< this compute rank, 0 <= rank < world_size
+  int world_size = 1;  ///< compute ranks of the job that talk to this server
+  std::string client;  ///< free text for logs ("trainer pid 1234")
 };
 
 struct HelloOk {
@@ -85,8 +85,8 @@ struct RegisterParam {
 
 struct RegisterOk {
   std::string name;
-  int contributors = 0;   ///< contributions summed into every element
-  int64_t last_step = -1; ///< last step applied (from a restored snapshot), -1 when none
+  int contributors = 0;    ///< contributions summed into every element
+  int64_t last_step = -1;  ///< last step applied (from a restored snapshot), -1 when none
 };
 
 struct Push {
@@ -114,8 +114,8 @@ struct Update {
   int64_t count = 0;
   uint32_t slot = 0;
   ChunkKind kind = ChunkKind::gradient;  ///< gradient: an update; momentum: state_fetch data
-  bool last = false;     ///< the last chunk of this (name, step) for this client
-  bool applied = true;   ///< false when the step was skipped (non-finite policy skip): zeros
+  bool last = false;                     ///< the last chunk of this (name, step) for this client
+  bool applied = true;  ///< false when the step was skipped (non-finite policy skip): zeros
 };
 
 struct ErrorMsg {
@@ -123,7 +123,7 @@ struct ErrorMsg {
   std::string message;  ///< readable, names the parameter / rank involved
   std::string param;    ///< empty when not about one parameter
   int64_t step = -1;
-  int rank = -1;        ///< the rank the error is about (a lost peer), -1 when none
+  int rank = -1;  ///< the rank the error is about (a lost peer), -1 when none
 };
 
 struct SnapshotRequest {

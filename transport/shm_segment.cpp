@@ -37,8 +37,9 @@ std::string random_name() {
 
 void check_layout(const SegmentLayout& l) {
   if (l.tx_slots == 0 || l.rx_slots == 0 || l.slot_bytes < 64 || l.slot_bytes % 64 != 0) {
-    throw InvalidArgument("shared-memory layout needs >= 1 slot per ring and a slot size that is a "
-                          "positive multiple of 64 bytes");
+    throw InvalidArgument(
+        "shared-memory layout needs >= 1 slot per ring and a slot size that is a "
+        "positive multiple of 64 bytes");
   }
 }
 
@@ -99,8 +100,12 @@ ShmSegment::ShmSegment(ShmSegment&&) noexcept = default;
 ShmSegment& ShmSegment::operator=(ShmSegment&&) noexcept = default;
 ShmSegment::~ShmSegment() = default;
 
-const std::string& ShmSegment::name() const { return impl_->name; }
-const SegmentLayout& ShmSegment::layout() const { return impl_->layout; }
+const std::string& ShmSegment::name() const {
+  return impl_->name;
+}
+const SegmentLayout& ShmSegment::layout() const {
+  return impl_->layout;
+}
 
 std::byte* ShmSegment::tx_slot(uint32_t i) const {
   if (i >= impl_->layout.tx_slots) {

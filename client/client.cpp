@@ -1,0 +1,131 @@
+#include "client/client.hpp"
+
+namespace muon::client {
+
+Client::Client(ClientConfig config) : config_(std::move(config)) {
+  if (config_.servers.empty()) throw InvalidArgument("client: no server socket given");
+  if (config_.world_size < 1 || config_.rank < 0 || config_.rank >= config_.world_size) {
+    throw InvalidArgument("client: rank " + std::to_string(config_.rank) + " outside world size " +
+                          std::to_string(config_.world_size));
+  }
+  connect_all();
+}
+
+Client::~Client() = default;
+
+void Client::connect_all() {
+  connections_.clear();
+  for (const auto& path : config_.servers) {
+    connections_.push_back(std::make_unique<Connection>(
+        path, config_.rank, config_.world_size,
+        config_.name.empty() ? "rank " + std::to_string(config_.rank) : config_.name,
+        config_.connect_timeout, config_.op_timeout));
+    if (callback_) connections_.back()->set_update_callback(callback_);
+  }
+}
+
+const ParameterRegistration& Client::registration(const std::string& name) const {
+  auto it = params_.find(name);
+  if (it == params_.end()) throw InvalidArgument("parameter '" + name + "' is not registered");
+  return it->second;
+}
+
+Connection& Client::owner(const std::string& name) {
+  return *connections_.at(static_cast<size_t>(registration(name).server));
+}
+
+void Client::register_parameters(const std::vector<ParameterRegistration>& params) {
+  std::vector<std::pair<size_t, uint32_t>> sent;
+  for (const auto& p : params) {
+    if (p.server < 0 || p.server >= static_cast<int>(connections_.size())) {
+      throw InvalidArgument("parameter '" + p.name + "': owner server index " +
+                            std::to_string(p.server) + " but " +
+                            std::to_string(connections_.size()) + " server(s) configured");
+    }
+    transport::RegisterParam m{p.name,    p.shape, p.grad_dtype, p.update_dtype,
+                               p.options, p.push,  p.want};
+    auto& c = *connections_[static_cast<size_t>(p.server)];
+    c.expect_updates(p.name, p.want, transport::dtype_bytes(p.update_dtype));
+    sent.emplace_back(static_cast<size_t>(p.server), c.send_register(m));
+    params_[p.name] = p;
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    connections_[sent[i].first]->wait_register(sent[i].second, params[i].name);
+  }
+}
+
+void Client::push(const std::string& name, int64_t step, int64_t offset, const void* data,
+                  int64_t count) {
+  const auto& reg = registration(name);
+  const size_t esize = transport::dtype_bytes(reg.grad_dtype);
+  const auto* bytes = static_cast<const std::byte*>(data);
+  // The server takes chunks that lie inside one push range: cut the data at range boundaries,
+  // and refuse here (naming the elements) what lies outside every push range.
+  int64_t pos = offset;
+  const int64_t end = offset + count;
+  while (pos < end) {
+    const transport::Range* inside = nullptr;
+    for (const auto& r : reg.push) {
+      if (r.begin <= pos && pos < r.end) inside = &r;
+    }
+    if (!inside) {
+      throw InvalidArgument("parameter '" + name + "': element " + std::to_string(pos) +
+                            " is outside the push ranges this rank registered");
+    }
+    const int64_t n = std::min(end, inside->end) - pos;
+    owner(name).push(name, step, pos, bytes + (pos - offset) * static_cast<int64_t>(esize), n,
+                     esize, transport::ChunkKind::gradient);
+    pos += n;
+  }
+}
+
+void Client::commit(const std::string& name, int64_t step) {
+  owner(name).commit(name, step);
+}
+
+bool Client::wait_update(const std::string& name, int64_t step, void* dst) {
+  return owner(name).wait_update(name, step, static_cast<std::byte*>(dst));
+}
+
+bool Client::update_ready(const std::string& name, int64_t step) {
+  return owner(name).update_ready(name, step);
+}
+
+void Client::set_update_callback(UpdateCallback cb) {
+  callback_ = std::move(cb);
+  for (auto& c : connections_) c->set_update_callback(callback_);
+}
+
+std::vector<float> Client::fetch_momentum(const std::string& name, int64_t* last_step) {
+  const auto& reg = registration(name);
+  int64_t numel = 1;
+  for (auto d : reg.shape) numel *= d;
+  return owner(name).fetch_momentum(name, numel, last_step);
+}
+
+void Client::load_momentum(const std::string& name, int64_t step, const float* values) {
+  const auto& reg = registration(name);
+  int64_t numel = 1;
+  for (auto d : reg.shape) numel *= d;
+  // Momentum is fp32 whatever the gradient dtype: it travels as fp32 chunks.
+  owner(name).push(name, step, 0, reinterpret_cast<const std::byte*>(values), numel, 4,
+                   transport::ChunkKind::momentum);
+}
+
+std::string Client::snapshot(int server, const std::string& path) {
+  return connections_.at(static_cast<size_t>(server))->snapshot(path);
+}
+
+transport::HealthOk Client::health(int server) {
+  return connections_.at(static_cast<size_t>(server))->health();
+}
+
+void Client::reconnect() {
+  connections_.clear();
+  connect_all();
+  std::vector<ParameterRegistration> all;
+  for (const auto& [name, p] : params_) all.push_back(p);
+  register_parameters(all);
+}
+
+}  // namespace muon::client

@@ -1,0 +1,377 @@
+#include "client/connection.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+namespace muon::client {
+
+namespace asio = boost::asio;
+using local = asio::local::stream_protocol;
+using transport::MessageType;
+
+namespace {
+
+std::string ms_text(std::chrono::milliseconds ms) {
+  return std::to_string(ms.count()) + " ms";
+}
+
+}  // namespace
+
+Connection::Connection(std::string socket_path, int rank, int world_size,
+                       const std::string& client_name, std::chrono::milliseconds connect_timeout,
+                       std::chrono::milliseconds op_timeout)
+    : path_(std::move(socket_path)), rank_(rank), op_timeout_(op_timeout), socket_(io_) {
+  const auto give_up = Clock::now() + connect_timeout;
+  auto backoff = std::chrono::milliseconds(10);
+  for (;;) {
+    boost::system::error_code ec;
+    socket_.connect(local::endpoint(path_), ec);
+    if (!ec) break;
+    socket_.close();
+    if (Clock::now() + backoff > give_up) {
+      throw ConnectionLost("cannot connect to muon-offloadd at '" + path_ + "' within " +
+                           ms_text(connect_timeout) + ": " + ec.message() +
+                           " (is the server running? see `muon-offloadd --help`)");
+    }
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
+  }
+  reader_ = std::thread([this] { reader_loop(); });
+  try {
+    const auto id = send_request(
+        MessageType::hello, transport::encode(transport::Hello{rank, world_size, client_name}));
+    const auto ok = transport::decode<transport::HelloOk>(wait_reply(id, "hello").payload);
+    transport::SegmentLayout layout{ok.tx_slots, ok.rx_slots, ok.slot_bytes};
+    segment_.emplace(transport::ShmSegment::open_and_unlink(ok.shm_name, layout));
+    std::lock_guard lk(mu_);
+    tx_busy_.assign(ok.tx_slots, false);
+  } catch (...) {
+    boost::system::error_code ignored;
+    socket_.shutdown(local::socket::shutdown_both, ignored);
+    if (reader_.joinable()) reader_.join();
+    throw;
+  }
+}
+
+Connection::~Connection() {
+  try {
+    if (lost_reason().empty()) send_frame(MessageType::goodbye, "{}");
+  } catch (...) {
+  }
+  boost::system::error_code ignored;
+  socket_.shutdown(local::socket::shutdown_both, ignored);
+  if (reader_.joinable()) reader_.join();
+  socket_.close(ignored);
+}
+
+std::string Connection::lost_reason() {
+  std::lock_guard lk(mu_);
+  return lost_;
+}
+
+void Connection::throw_lost(const std::string& what) {
+  throw ConnectionLost("connection to muon-offloadd at '" + path_ + "' lost (" + lost_ +
+                       ") while " + what);
+}
+
+void Connection::send_frame(MessageType type, const std::string& payload, uint32_t id) {
+  const auto bytes =
+      transport::encode_frame(transport::Frame{static_cast<uint16_t>(type), id, payload});
+  std::lock_guard lk(write_mu_);
+  boost::system::error_code ec;
+  asio::write(socket_, asio::buffer(bytes), ec);
+  if (ec) {
+    std::lock_guard lk2(mu_);
+    if (lost_.empty()) lost_ = "write failed: " + ec.message();
+    cv_.notify_all();
+    throw ConnectionLost("connection to muon-offloadd at '" + path_ + "' lost (" + lost_ +
+                         ") while sending " +
+                         transport::message_type_name(static_cast<uint16_t>(type)));
+  }
+}
+
+uint32_t Connection::send_request(MessageType type, const std::string& payload) {
+  uint32_t id;
+  {
+    std::lock_guard lk(mu_);
+    id = next_request_++;
+    replies_[id] = Reply{};
+  }
+  send_frame(type, payload, id);
+  return id;
+}
+
+transport::Frame Connection::wait_reply(uint32_t id, const std::string& what) {
+  std::unique_lock lk(mu_);
+  if (!cv_.wait_until(lk, deadline(), [&] { return replies_[id].done || !lost_.empty(); })) {
+    replies_.erase(id);
+    throw Timeout("no answer from muon-offloadd at '" + path_ + "' within " + ms_text(op_timeout_) +
+                  " to " + what);
+  }
+  Reply r = std::move(replies_[id]);
+  replies_.erase(id);
+  if (r.error) {
+    throw ServerError("muon-offloadd at '" + path_ + "' refused " + what + ": " + r.error->message,
+                      r.error->code, r.error->param, r.error->step, r.error->rank);
+  }
+  if (!r.done) throw_lost(what);
+  return std::move(r.frame);
+}
+
+uint32_t Connection::send_register(const transport::RegisterParam& reg) {
+  return send_request(MessageType::register_param, transport::encode(reg));
+}
+
+transport::RegisterOk Connection::wait_register(uint32_t id, const std::string& name) {
+  return transport::decode<transport::RegisterOk>(
+      wait_reply(id, "the registration of '" + name + "'").payload);
+}
+
+void Connection::expect_updates(const std::string& name, std::vector<transport::Range> want,
+                                size_t elem_bytes) {
+  std::sort(want.begin(), want.end(),
+            [](const auto& a, const auto& b) { return a.begin < b.begin; });
+  std::lock_guard lk(mu_);
+  auto& p = params_[name];
+  p.want = std::move(want);
+  p.want_prefix.clear();
+  p.want_elems = 0;
+  for (const auto& r : p.want) {
+    p.want_prefix.push_back(p.want_elems);
+    p.want_elems += r.size();
+  }
+  p.elem_bytes = elem_bytes;
+  p.buffer.assign(static_cast<size_t>(p.want_elems) * elem_bytes, std::byte{0});
+}
+
+void Connection::push(const std::string& name, int64_t step, int64_t offset, const std::byte* data,
+                      int64_t count, size_t elem_bytes, transport::ChunkKind kind) {
+  const int64_t per_slot = static_cast<int64_t>(segment_->layout().slot_bytes / elem_bytes);
+  for (int64_t done = 0; done < count || (count == 0 && done == 0); done += per_slot) {
+    const int64_t n = std::min(per_slot, count - done);
+    uint32_t slot = 0;
+    {
+      std::unique_lock lk(mu_);
+      auto free_slot = [&] {
+        return std::find(tx_busy_.begin(), tx_busy_.end(), false) != tx_busy_.end();
+      };
+      if (!cv_.wait_until(lk, deadline(), [&] { return free_slot() || !lost_.empty(); })) {
+        throw Timeout("no free shared-memory slot to push '" + name + "' step " +
+                      std::to_string(step) + " within " + ms_text(op_timeout_) +
+                      " (the server is not draining the ring)");
+      }
+      if (!lost_.empty()) throw_lost("pushing '" + name + "'");
+      slot = static_cast<uint32_t>(std::find(tx_busy_.begin(), tx_busy_.end(), false) -
+                                   tx_busy_.begin());
+      tx_busy_[slot] = true;
+    }
+    std::memcpy(segment_->tx_slot(slot), data + done * elem_bytes,
+                static_cast<size_t>(n) * elem_bytes);
+    transport::Push m{name, step, offset + done, n, slot, kind};
+    send_frame(MessageType::push, transport::encode(m));
+    if (count == 0) break;
+  }
+}
+
+void Connection::commit(const std::string& name, int64_t step) {
+  send_frame(MessageType::commit, transport::encode(transport::Commit{name, step}));
+}
+
+bool Connection::update_ready(const std::string& name, int64_t step) {
+  std::lock_guard lk(mu_);
+  auto it = params_.find(name);
+  return it != params_.end() && it->second.complete_step == step;
+}
+
+bool Connection::wait_update(const std::string& name, int64_t step, std::byte* dst) {
+  std::unique_lock lk(mu_);
+  auto it = params_.find(name);
+  if (it == params_.end()) {
+    throw InvalidArgument("parameter '" + name + "' is not registered with '" + path_ + "'");
+  }
+  auto& p = it->second;
+  auto error_for = [&]() -> const transport::ErrorMsg* {
+    for (int64_t key : {step, int64_t{-1}}) {
+      if (auto e = p.errors.find(key); e != p.errors.end()) return &e->second;
+    }
+    return nullptr;
+  };
+  const bool ok = cv_.wait_until(lk, deadline(), [&] {
+    return p.complete_step == step || error_for() != nullptr || !lost_.empty();
+  });
+  if (const auto* e = error_for()) {
+    ServerError err("muon-offloadd at '" + path_ + "': " + e->message, e->code, e->param, e->step,
+                    e->rank);
+    p.errors.clear();
+    throw err;
+  }
+  if (p.complete_step == step) {
+    std::memcpy(dst, p.buffer.data(), p.buffer.size());
+    return p.applied;
+  }
+  if (!lost_.empty())
+    throw_lost("waiting for the update of '" + name + "' step " + std::to_string(step));
+  (void)ok;
+  throw Timeout("the update of '" + name + "' step " + std::to_string(step) +
+                " did not arrive from '" + path_ + "' within " + ms_text(op_timeout_));
+}
+
+std::vector<float> Connection::fetch_momentum(const std::string& name, int64_t numel,
+                                              int64_t* last_step) {
+  {
+    std::lock_guard lk(mu_);
+    auto& p = params_[name];
+    p.momentum.assign(static_cast<size_t>(numel), 0.0f);
+    p.momentum_ready = false;
+  }
+  send_frame(MessageType::state_fetch, transport::encode(transport::StateFetch{name}));
+  std::unique_lock lk(mu_);
+  auto& p = params_[name];
+  const bool ok = cv_.wait_until(
+      lk, deadline(), [&] { return p.momentum_ready || p.errors.count(-1) || !lost_.empty(); });
+  if (auto e = p.errors.find(-1); e != p.errors.end()) {
+    ServerError err("muon-offloadd at '" + path_ + "': " + e->second.message, e->second.code, name,
+                    -1, -1);
+    p.errors.erase(e);
+    throw err;
+  }
+  if (!p.momentum_ready) {
+    if (!lost_.empty()) throw_lost("fetching the momentum of '" + name + "'");
+    (void)ok;
+    throw Timeout("momentum of '" + name + "' not received within " + ms_text(op_timeout_));
+  }
+  if (last_step) *last_step = p.momentum_step;
+  return std::move(p.momentum);
+}
+
+std::string Connection::snapshot(const std::string& path) {
+  const auto id =
+      send_request(MessageType::snapshot, transport::encode(transport::SnapshotRequest{path}));
+  return transport::decode<transport::SnapshotOk>(wait_reply(id, "a snapshot").payload).path;
+}
+
+transport::HealthOk Connection::health() {
+  const auto id = send_request(MessageType::health, "{}");
+  return transport::decode<transport::HealthOk>(wait_reply(id, "a health check").payload);
+}
+
+void Connection::set_update_callback(UpdateCallback cb) {
+  std::lock_guard lk(mu_);
+  callback_ = std::move(cb);
+}
+
+// ---- reader thread ---------------------------------------------------------------------------
+
+void Connection::reader_loop() {
+  transport::FrameDecoder decoder;
+  std::vector<std::byte> buf(64 * 1024);
+  for (;;) {
+    boost::system::error_code ec;
+    const size_t n = socket_.read_some(asio::buffer(buf), ec);
+    std::string why;
+    if (ec) {
+      why = ec == asio::error::eof ? "the server closed the connection" : ec.message();
+    } else {
+      try {
+        decoder.feed(buf.data(), n);
+        while (auto f = decoder.next()) handle(std::move(*f));
+        continue;
+      } catch (const std::exception& e) {
+        why = std::string("bad data from the server: ") + e.what();
+      }
+    }
+    std::lock_guard lk(mu_);
+    if (lost_.empty()) lost_ = why;
+    cv_.notify_all();
+    return;
+  }
+}
+
+void Connection::handle(transport::Frame f) {
+  const auto type = static_cast<MessageType>(f.type);
+  if (type == MessageType::update) {
+    handle_update(transport::decode<transport::Update>(f.payload));
+    return;
+  }
+  std::lock_guard lk(mu_);
+  switch (type) {
+    case MessageType::push_ack: {
+      const auto slot = transport::decode<transport::SlotAck>(f.payload).slot;
+      if (slot < tx_busy_.size()) tx_busy_[slot] = false;
+      break;
+    }
+    case MessageType::error: {
+      auto e = transport::decode<transport::ErrorMsg>(f.payload);
+      if (f.request_id != 0 && replies_.count(f.request_id)) {
+        replies_[f.request_id].error = e;
+        replies_[f.request_id].done = true;
+      } else if (!e.param.empty()) {
+        params_[e.param].errors[e.step] = e;
+      } else {
+        // Not about one parameter (shutdown, protocol): every waiter should see it.
+        for (auto& [name, p] : params_) p.errors[-1] = e;
+        if (e.code == "shutdown" && lost_.empty()) lost_ = "server shutting down";
+      }
+      break;
+    }
+    default:
+      if (f.request_id != 0 && replies_.count(f.request_id)) {
+        replies_[f.request_id].frame = std::move(f);
+        replies_[f.request_id].done = true;
+      }
+      break;
+  }
+  cv_.notify_all();
+}
+
+void Connection::handle_update(const transport::Update& u) {
+  UpdateCallback cb;
+  bool complete = false;
+  {
+    std::lock_guard lk(mu_);
+    auto& p = params_[u.name];
+    const std::byte* src = segment_->rx_slot(u.slot);
+    if (u.kind == transport::ChunkKind::momentum) {
+      if (u.offset >= 0 && u.offset + u.count <= static_cast<int64_t>(p.momentum.size())) {
+        std::memcpy(p.momentum.data() + u.offset, src, static_cast<size_t>(u.count) * 4);
+      }
+      if (u.last) {
+        p.momentum_ready = true;
+        p.momentum_step = u.step;
+      }
+    } else {
+      if (u.step != p.receiving_step) {
+        p.receiving_step = u.step;
+        p.received = 0;
+        p.applied = true;
+      }
+      // Find the want range holding the chunk; its packed position follows.
+      auto it =
+          std::upper_bound(p.want.begin(), p.want.end(), u.offset,
+                           [](int64_t off, const transport::Range& r) { return off < r.begin; });
+      if (it != p.want.begin()) {
+        const size_t w = static_cast<size_t>(it - p.want.begin() - 1);
+        if (u.offset + u.count <= p.want[w].end) {
+          const int64_t pos = p.want_prefix[w] + (u.offset - p.want[w].begin);
+          std::memcpy(p.buffer.data() + pos * p.elem_bytes, src,
+                      static_cast<size_t>(u.count) * p.elem_bytes);
+          p.received += u.count;
+        }
+      }
+      p.applied = p.applied && u.applied;
+      if (u.last && p.received == p.want_elems) {
+        p.complete_step = u.step;
+        complete = true;
+        cb = callback_;
+      }
+    }
+  }
+  send_frame(MessageType::update_ack, transport::encode(transport::SlotAck{u.slot}));
+  {
+    std::lock_guard lk(mu_);
+    cv_.notify_all();
+  }
+  if (complete && cb) cb(u.name, u.step);
+}
+
+}  // namespace muon::client

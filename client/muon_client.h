@@ -1,0 +1,81 @@
+/* C ABI of the muon-offload client library (for Python via ctypes and other languages).
+ *
+ * Every function returns MUON_OK (0) or a negative MUON_ERR_* code; the message of the last
+ * failure on the calling thread (naming the parameter, rank or server involved) is returned by
+ * muon_last_error(). Handles are not thread-safe: one thread per handle at a time.
+ *
+ * Ranges are passed as flat int64 arrays [begin0, end0, begin1, end1, ...] of element indices
+ * over the parameter's flattened elements. Options are a JSON object with the fields of
+ * `muon-offload orthogonalize` plus momentum: {"momentum": "sum"|"ema"|"none", "mu": 0.95,
+ * "nesterov": true, "schedule": "keller", "steps": 0, "eps": 1e-7, "eps_mode": "add",
+ * "scale": "keller", "extra_scale": 1.0, "row_splits": [], "algorithm": "plain",
+ * "precision": "default", "nonfinite": "error"}; missing fields take these defaults. */
+#ifndef MUON_CLIENT_H_
+#define MUON_CLIENT_H_
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum {
+  MUON_OK = 0,
+  MUON_ERR_INVALID = -1,    /* bad argument (shape, name, range, options) */
+  MUON_ERR_SERVER = -2,     /* the server refused or failed the request */
+  MUON_ERR_CONNECTION = -3, /* the server is unreachable or the connection was lost */
+  MUON_ERR_TIMEOUT = -4,    /* a wait ran past its timeout */
+  MUON_ERR_NONFINITE = -5,  /* NaN/Inf in a gradient (policy error) */
+  MUON_ERR_PEER_LOST = -6,  /* another rank of the job was lost mid-step */
+  MUON_ERR_INTERNAL = -7
+};
+
+typedef struct muon_client muon_client;
+
+/* The message of the last failure on this thread ("" when none). */
+const char* muon_last_error(void);
+
+/* Connects a compute rank to `n_servers` servers (Unix socket paths). */
+int muon_client_create(const char* const* servers, int n_servers, int rank, int world_size,
+                       const char* name, int64_t connect_timeout_ms, int64_t op_timeout_ms,
+                       muon_client** out);
+void muon_client_destroy(muon_client* c);
+
+/* Registers one parameter with server `server` and waits until every rank registered it.
+ * grad_dtype / update_dtype: "f32" or "bf16". */
+int muon_client_register(muon_client* c, const char* name, const int64_t* shape, int ndim,
+                         const char* grad_dtype, const char* update_dtype,
+                         const char* options_json, const int64_t* push_ranges, int n_push,
+                         const int64_t* want_ranges, int n_want, int server);
+
+/* Pushes `count` elements (grad dtype) at element `offset`. */
+int muon_client_push(muon_client* c, const char* name, int64_t step, int64_t offset,
+                     const void* data, int64_t count);
+int muon_client_commit(muon_client* c, const char* name, int64_t step);
+/* Waits for the update; writes the packed want ranges (update dtype) to dst (dst_bytes checked).
+ * *applied is 0 when the server skipped the step (zeros). */
+int muon_client_wait_update(muon_client* c, const char* name, int64_t step, void* dst,
+                            int64_t dst_bytes, int* applied);
+/* 1 when the update of (name, step) is complete, 0 when not, < 0 on error. */
+int muon_client_update_ready(muon_client* c, const char* name, int64_t step);
+
+/* Momentum (fp32, all numel elements) of a parameter, and its last applied step. */
+int muon_client_fetch_momentum(muon_client* c, const char* name, float* dst, int64_t numel,
+                               int64_t* last_step);
+int muon_client_load_momentum(muon_client* c, const char* name, int64_t step, const float* src,
+                              int64_t numel);
+int muon_client_snapshot(muon_client* c, int server, const char* path);
+/* Reconnects to every server and registers every parameter again. */
+int muon_client_reconnect(muon_client* c);
+
+/* In-process Muon with the same kernels as the server (CPU backend, `threads` OpenBLAS threads):
+ * momentum (may be NULL for momentum "none") is updated in place and the update written.
+ * Returns 0, or 1 when the step was skipped by the non-finite policy "skip". */
+int muon_local_update(const char* name, const int64_t* shape, int ndim, const char* options_json,
+                      const float* grad, float* momentum, float* update, int threads);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MUON_CLIENT_H_ */

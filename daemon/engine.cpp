@@ -1,0 +1,703 @@
+#include "daemon/engine.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "core/error.hpp"
+#include "transport/bf16.hpp"
+
+namespace muon::daemon {
+
+namespace asio = boost::asio;
+using transport::ErrorMsg;
+using transport::Frame;
+using transport::MessageType;
+
+namespace {
+
+std::shared_ptr<spdlog::logger> log() {
+  static auto logger = [] {
+    auto l = spdlog::get("server");
+    return l ? l : spdlog::default_logger();
+  }();
+  return logger;
+}
+
+std::string ranks_text(const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
+  return "[" + s + "]";
+}
+
+std::vector<int64_t> dims_of(const MatrixShape& s) {
+  if (s.batch == 1) return {s.rows, s.cols};
+  return {s.batch, s.rows, s.cols};
+}
+
+// A rank contributes to a parameter when it pushes at least one element.
+bool contributes(const ParameterLayout& l, int rank) {
+  return rank >= 0 && rank < static_cast<int>(l.ranks.size()) && !l.ranks[rank].push.empty();
+}
+
+std::vector<Range> sorted(std::vector<Range> r) {
+  std::sort(r.begin(), r.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
+  return r;
+}
+
+bool same_ranges(const std::vector<Range>& a, const std::vector<Range>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].begin != b[i].begin || a[i].end != b[i].end) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+Engine::Engine(asio::io_context& io, ServerConfig config, std::unique_ptr<Backend> backend)
+    : io_(io),
+      config_(std::move(config)),
+      scheduler_(std::move(backend), [this](std::vector<NsJob> jobs) {
+        asio::post(io_, [this, jobs = std::move(jobs)]() mutable { finish_jobs(std::move(jobs)); });
+      }) {
+  if (!config_.restore_path.empty()) {
+    for (auto& e : read_snapshot(config_.restore_path)) {
+      log()->info("restored momentum of '{}' (last step {}) from {}", e.name, e.last_step,
+                  config_.restore_path);
+      std::string name = e.name;
+      restored_.emplace(std::move(name), std::move(e));
+    }
+  }
+}
+
+Engine::~Engine() {
+  scheduler_.stop();
+}
+
+void Engine::add_session(const SessionPtr& s) {
+  sessions_[s->id()] = s;
+}
+
+Engine::SessionPtr Engine::session_of(int rank) const {
+  auto it = ranks_.find(rank);
+  if (it == ranks_.end()) return nullptr;
+  auto s = it->second.lock();
+  return s && !s->closed() ? s : nullptr;
+}
+
+bool Engine::any_computing() const {
+  return std::any_of(params_.begin(), params_.end(),
+                     [](const auto& kv) { return kv.second.computing; });
+}
+
+void Engine::broadcast(const Param& p, const ErrorMsg& error, int except_rank) {
+  if (!p.layout) return;
+  for (int r = 0; r < static_cast<int>(p.layout->ranks.size()); ++r) {
+    if (r == except_rank) continue;
+    if (auto s = session_of(r)) s->send_error(error);
+  }
+}
+
+// ---- frames ----------------------------------------------------------------------------------
+
+void Engine::on_frame(const SessionPtr& s, Frame f) {
+  const auto type = static_cast<MessageType>(f.type);
+  try {
+    if (type != MessageType::hello && type != MessageType::health && s->rank < 0 &&
+        type != MessageType::status) {
+      throw transport::ProtocolError(transport::message_type_name(f.type) +
+                                     " before hello: say hello first");
+    }
+    switch (type) {
+      case MessageType::hello:
+        on_hello(s, f);
+        break;
+      case MessageType::health: {
+        transport::HealthOk h;
+        h.ready = !stopping_;
+        h.sessions = static_cast<int>(sessions_.size());
+        h.parameters = static_cast<int>(params_.size());
+        s->send(MessageType::health_ok, transport::encode(h), f.request_id);
+        break;
+      }
+      case MessageType::status:
+        s->send(MessageType::status_ok, status_json(), f.request_id);
+        break;
+      case MessageType::register_param:
+        on_register(s, f);
+        break;
+      case MessageType::push:
+        on_push(s, f);
+        break;
+      case MessageType::commit:
+        on_commit(s, f);
+        break;
+      case MessageType::update_ack:
+        s->release_rx_slot(transport::decode<transport::SlotAck>(f.payload).slot);
+        break;
+      case MessageType::snapshot:
+        on_snapshot(s, f);
+        break;
+      case MessageType::state_fetch:
+        on_state_fetch(s, f);
+        break;
+      case MessageType::goodbye:
+        s->close("goodbye");
+        break;
+      default:
+        throw transport::ProtocolError("unexpected message " +
+                                       transport::message_type_name(f.type) + " from a client");
+    }
+  } catch (const NonFiniteError& e) {
+    s->send_error({"non_finite", e.message(), "", -1, -1}, f.request_id);
+  } catch (const transport::ProtocolError& e) {
+    log()->warn("session {} (rank {}): bad request: {}", s->id(), s->rank, e.message());
+    s->send_error({"bad_request", e.message(), "", -1, -1}, f.request_id);
+  } catch (const InvalidArgument& e) {
+    log()->warn("session {} (rank {}): bad request: {}", s->id(), s->rank, e.message());
+    s->send_error({"bad_request", e.message(), "", -1, -1}, f.request_id);
+  } catch (const Error& e) {
+    log()->error("session {} (rank {}): {}", s->id(), s->rank, e.what());
+    s->send_error({"server", e.message(), "", -1, -1}, f.request_id);
+  }
+}
+
+void Engine::on_hello(const SessionPtr& s, const Frame& f) {
+  if (s->rank >= 0) throw transport::ProtocolError("hello sent twice");
+  auto m = transport::decode<transport::Hello>(f.payload);
+  if (world_size_ != 0 && m.world_size != world_size_) {
+    throw transport::ProtocolError(
+        "world size mismatch: this server serves a job of " + std::to_string(world_size_) +
+        " ranks, rank " + std::to_string(m.rank) + " says " + std::to_string(m.world_size));
+  }
+  if (auto other = session_of(m.rank)) {
+    throw transport::ProtocolError("rank " + std::to_string(m.rank) +
+                                   " is already connected (session " + std::to_string(other->id()) +
+                                   ")");
+  }
+  s->segment.emplace(transport::ShmSegment::create(config_.layout));
+  world_size_ = m.world_size;
+  lost_ranks_.erase(m.rank);
+  s->rank = m.rank;
+  s->world_size = m.world_size;
+  s->client_name = m.client;
+  ranks_[m.rank] = s;
+  transport::HelloOk ok;
+  ok.session = std::to_string(s->id());
+  ok.server_version = "muon-offloadd " MUON_OFFLOAD_VERSION;
+  ok.shm_name = s->segment->name();
+  ok.tx_slots = config_.layout.tx_slots;
+  ok.rx_slots = config_.layout.rx_slots;
+  ok.slot_bytes = config_.layout.slot_bytes;
+  log()->info("session {}: rank {}/{} connected ({})", s->id(), m.rank, m.world_size, m.client);
+  s->send(MessageType::hello_ok, transport::encode(ok), f.request_id);
+  for (auto& [name, p] : params_) {
+    if (p.layout && !p.waiting.empty()) release_reregistrations(p);
+  }
+}
+
+void Engine::on_register(const SessionPtr& s, const Frame& f) {
+  auto m = transport::decode<transport::RegisterParam>(f.payload);
+  ParameterSpec spec;
+  spec.name = m.name;
+  spec.shape = matrix_shape_from_dims(m.shape, m.name);
+  spec.grad_dtype = m.grad_dtype;
+  spec.update_dtype = m.update_dtype;
+  spec.options = m.options;
+  auto it = params_.find(m.name);
+  if (it != params_.end() && it->second.layout) {
+    // Re-registration (a client that reconnected): must match what the job registered.
+    Param& p = it->second;
+    const auto& mine = p.layout->ranks.at(s->rank);
+    if (!same_spec(spec, p.layout->spec) || !same_ranges(sorted(m.push), mine.push) ||
+        !same_ranges(sorted(m.want), mine.want)) {
+      throw InvalidArgument("parameter '" + m.name +
+                            "' is already registered with another shape, dtype, options or "
+                            "ranges for rank " +
+                            std::to_string(s->rank));
+    }
+    // Answer once every rank of the job is connected again, so that nobody pushes a step that
+    // needs a rank still restarting.
+    p.waiting.emplace_back(s, f.request_id);
+    release_reregistrations(p);
+    return;
+  }
+  const bool fresh = it == params_.end();
+  Param& p = params_[m.name];
+  try {
+    if (!p.pending) p.pending.emplace(spec, world_size_);
+    const bool complete = p.pending->add(s->rank, spec, m.push, m.want);
+    p.waiting.emplace_back(s, f.request_id);
+    if (complete) {
+      complete_registration(m.name, p);
+    } else if (!p.timer) {
+      arm_timer(m.name, p);
+    }
+  } catch (...) {
+    if (fresh && p.waiting.empty()) params_.erase(m.name);
+    throw;
+  }
+}
+
+void Engine::complete_registration(const std::string& name, Param& p) {
+  auto waiting = std::move(p.waiting);
+  p.waiting.clear();
+  if (p.timer) p.timer->cancel();
+  p.timer.reset();
+  try {
+    p.layout.emplace(p.pending->finish());
+  } catch (const InvalidArgument& e) {
+    for (auto& [w, req] : waiting) {
+      if (auto ws = w.lock()) ws->send_error({"bad_request", e.message(), name, -1, -1}, req);
+    }
+    params_.erase(name);
+    return;
+  }
+  p.pending.reset();
+  const auto& shape = p.layout->spec.shape;
+  p.momentum.assign(static_cast<size_t>(shape.numel()), 0.0f);
+  if (auto r = restored_.find(name); r != restored_.end()) {
+    const auto rs = matrix_shape_from_dims(r->second.shape, name);
+    if (rs.batch == shape.batch && rs.rows == shape.rows && rs.cols == shape.cols) {
+      p.momentum = r->second.momentum;
+      p.last_step = r->second.last_step;
+    } else {
+      log()->warn("snapshot holds '{}' as {} but it was registered as {}: starting from zero", name,
+                  rs.str(), shape.str());
+    }
+  }
+  log()->info("parameter '{}' {} registered by {} ranks, {} contributor(s) per element", name,
+              shape.str(), p.layout->ranks.size(), p.layout->contributors);
+  const transport::RegisterOk ok{name, p.layout->contributors, p.last_step};
+  for (auto& [w, req] : waiting) {
+    if (auto ws = w.lock()) ws->send(MessageType::register_ok, transport::encode(ok), req);
+  }
+}
+
+void Engine::release_reregistrations(Param& p) {
+  for (int r = 0; r < static_cast<int>(p.layout->ranks.size()); ++r) {
+    if (!session_of(r)) return;
+  }
+  const transport::RegisterOk ok{p.layout->spec.name, p.layout->contributors, p.last_step};
+  auto waiting = std::move(p.waiting);
+  p.waiting.clear();
+  for (auto& [w, req] : waiting) {
+    if (auto ws = w.lock()) ws->send(MessageType::register_ok, transport::encode(ok), req);
+  }
+}
+
+Engine::Param& Engine::registered_param(const std::string& name, const SessionPtr& s) {
+  auto it = params_.find(name);
+  if (it == params_.end() || !it->second.layout) {
+    throw InvalidArgument("unknown parameter '" + name + "' (not registered by every rank)");
+  }
+  if (s->rank >= static_cast<int>(it->second.layout->ranks.size())) {
+    throw InvalidArgument("rank " + std::to_string(s->rank) + " is not part of parameter '" + name +
+                          "'");
+  }
+  return it->second;
+}
+
+void Engine::on_push(const SessionPtr& s, const Frame& f) {
+  auto m = transport::decode<transport::Push>(f.payload);
+  if (m.slot >= config_.layout.tx_slots) {
+    throw transport::ProtocolError("push names tx slot " + std::to_string(m.slot) + " of " +
+                                   std::to_string(config_.layout.tx_slots));
+  }
+  // The slot is free again however this push ends: credits are never lost.
+  struct AckOnExit {
+    const SessionPtr& s;
+    uint32_t slot;
+    ~AckOnExit() { s->send(MessageType::push_ack, transport::encode(transport::SlotAck{slot})); }
+  } ack{s, m.slot};
+  try {
+    Param& p = registered_param(m.name, s);
+    const auto& spec = p.layout->spec;
+    // Momentum (state loading) always travels as fp32, gradients in their registered dtype.
+    const DType dt = m.kind == transport::ChunkKind::momentum ? DType::f32 : spec.grad_dtype;
+    if (static_cast<uint64_t>(m.count) * transport::dtype_bytes(dt) > config_.layout.slot_bytes) {
+      throw InvalidArgument("push of " + std::to_string(m.count) + " elements of '" + m.name +
+                            "' is larger than a slot");
+    }
+    if (m.offset + m.count > spec.shape.numel()) {
+      throw InvalidArgument("push of '" + m.name + "' elements [" + std::to_string(m.offset) +
+                            ", " + std::to_string(m.offset + m.count) + ") is outside its " +
+                            std::to_string(spec.shape.numel()) + " elements");
+    }
+    const std::byte* src = s->segment->tx_slot(m.slot);
+    std::vector<float> values(static_cast<size_t>(m.count));
+    if (dt == DType::f32) {
+      std::memcpy(values.data(), src, values.size() * 4);
+    } else {
+      for (size_t i = 0; i < values.size(); ++i) {
+        uint16_t h;
+        std::memcpy(&h, src + 2 * i, 2);
+        values[i] = transport::bf16_to_f32(h);
+      }
+    }
+    if (m.kind == transport::ChunkKind::momentum) {
+      if (p.computing || p.reducer) {
+        throw InvalidArgument("cannot load the momentum of '" + m.name +
+                              "' while step is in progress");
+      }
+      std::memcpy(p.momentum.data() + m.offset, values.data(), values.size() * 4);
+      p.last_step = m.step;
+      return;
+    }
+    if (p.computing) {
+      throw InvalidArgument("parameter '" + m.name + "': step " + std::to_string(m.step) +
+                            " pushed while step " + std::to_string(p.last_step + 1) +
+                            " is still being computed");
+    }
+    if (p.last_step >= 0 && m.step <= p.last_step) {
+      throw InvalidArgument("parameter '" + m.name + "': step " + std::to_string(m.step) +
+                            " was already applied (last applied step " +
+                            std::to_string(p.last_step) + ")");
+    }
+    if (p.last_step >= 0 && m.step > p.last_step + 1) {
+      throw InvalidArgument("parameter '" + m.name + "': step gap: got step " +
+                            std::to_string(m.step) + ", expected " +
+                            std::to_string(p.last_step + 1));
+    }
+    if (p.reducer && p.reducer->step() != m.step) {
+      throw InvalidArgument("parameter '" + m.name + "': step " + std::to_string(m.step) +
+                            " pushed while step " + std::to_string(p.reducer->step()) +
+                            " is being gathered");
+    }
+    if (!p.reducer) {
+      // A step that needs a lost rank can never complete: say so now, not at the timeout.
+      for (const auto& [lost, what] : lost_ranks_) {
+        if (contributes(*p.layout, lost)) {
+          s->send_error({"peer_lost",
+                         what + "; step " + std::to_string(m.step) + " of '" + m.name +
+                             "' cannot complete until it reconnects",
+                         m.name, m.step, lost});
+          return;
+        }
+      }
+      p.reducer.emplace(*p.layout, m.step);
+      arm_timer(m.name, p);
+    }
+    p.reducer->add(s->rank, m.offset, values);
+  } catch (const InvalidArgument& e) {
+    s->send_error({"bad_request", e.message(), m.name, m.step, s->rank}, f.request_id);
+  }
+}
+
+void Engine::on_commit(const SessionPtr& s, const Frame& f) {
+  auto m = transport::decode<transport::Commit>(f.payload);
+  try {
+    Param& p = registered_param(m.name, s);
+    if (!p.reducer || p.reducer->step() != m.step) {
+      throw InvalidArgument("parameter '" + m.name + "': commit of step " + std::to_string(m.step) +
+                            " that has no data from rank " + std::to_string(s->rank));
+    }
+    p.reducer->commit(s->rank);
+    if (p.reducer->complete()) start_compute(m.name, p);
+  } catch (const InvalidArgument& e) {
+    s->send_error({"bad_request", e.message(), m.name, m.step, s->rank}, f.request_id);
+  }
+}
+
+// ---- compute ---------------------------------------------------------------------------------
+
+void Engine::start_compute(const std::string& name, Param& p) {
+  if (p.timer) p.timer->cancel();
+  p.timer.reset();
+  NsJob job;
+  job.name = name;
+  job.step = p.reducer->step();
+  job.shape = p.layout->spec.shape;
+  job.options = p.layout->spec.options;
+  job.grad.resize(static_cast<size_t>(job.shape.numel()));
+  p.reducer->reduce(job.grad.data());
+  p.reducer.reset();
+  job.momentum =
+      job.options.momentum.convention == MomentumConvention::none ? nullptr : p.momentum.data();
+  p.computing = true;
+  scheduler_.submit(std::move(job));
+}
+
+void Engine::finish_jobs(std::vector<NsJob> jobs) {
+  for (auto& job : jobs) {
+    auto it = params_.find(job.name);
+    if (it == params_.end()) continue;
+    Param& p = it->second;
+    p.computing = false;
+    p.last_step = job.step;
+    if (!job.error.empty()) {
+      log()->warn("parameter '{}' step {}: {}", job.name, job.step, job.error);
+      broadcast(p, {job.error_code, job.error, job.name, job.step, -1});
+      continue;
+    }
+    send_update(job.name, p, job);
+  }
+  if (!any_computing()) {
+    auto waiters = std::move(snapshot_waiters_);
+    snapshot_waiters_.clear();
+    for (auto& [w, req] : waiters) {
+      auto ws = w.lock();
+      if (!ws) continue;
+      try {
+        write_snapshot_now(req.first);
+        ws->send(
+            MessageType::snapshot_ok,
+            transport::encode(transport::SnapshotOk{req.first, static_cast<int>(params_.size())}),
+            req.second);
+      } catch (const Error& e) {
+        ws->send_error({"snapshot", e.message(), "", -1, -1}, req.second);
+      }
+    }
+    maybe_finish_shutdown();
+  }
+}
+
+void Engine::send_update(const std::string& name, Param& p, const NsJob& job) {
+  const DType dt = p.layout->spec.update_dtype;
+  const size_t esize = transport::dtype_bytes(dt);
+  const int64_t per_chunk = static_cast<int64_t>(config_.layout.slot_bytes / esize);
+  for (int r = 0; r < static_cast<int>(p.layout->ranks.size()); ++r) {
+    const auto& want = p.layout->ranks[r].want;
+    if (want.empty()) continue;
+    auto s = session_of(r);
+    if (!s) continue;
+    for (size_t w = 0; w < want.size(); ++w) {
+      for (int64_t off = want[w].begin; off < want[w].end; off += per_chunk) {
+        const int64_t count = std::min(per_chunk, want[w].end - off);
+        std::vector<std::byte> data(static_cast<size_t>(count) * esize);
+        const float* src = job.update.data() + off;
+        if (dt == DType::f32) {
+          std::memcpy(data.data(), src, data.size());
+        } else {
+          for (int64_t i = 0; i < count; ++i) {
+            const uint16_t h = transport::f32_to_bf16(src[i]);
+            std::memcpy(data.data() + 2 * i, &h, 2);
+          }
+        }
+        transport::Update u;
+        u.name = name;
+        u.step = job.step;
+        u.offset = off;
+        u.count = count;
+        u.kind = transport::ChunkKind::gradient;
+        u.last = w + 1 == want.size() && off + count == want[w].end;
+        u.applied = job.applied;
+        s->send_chunk(std::move(u), std::move(data));
+      }
+    }
+  }
+}
+
+// ---- failures --------------------------------------------------------------------------------
+
+void Engine::arm_timer(const std::string& name, Param& p) {
+  p.timer = std::make_unique<asio::steady_timer>(io_, config_.step_timeout);
+  const int64_t step = p.reducer ? p.reducer->step() : -1;
+  p.timer->async_wait([this, name, step](boost::system::error_code ec) {
+    if (ec) return;  // cancelled
+    auto it = params_.find(name);
+    if (it == params_.end()) return;
+    Param& q = it->second;
+    const auto ms = std::to_string(config_.step_timeout.count());
+    if (q.pending) {
+      const auto missing = q.pending->missing_ranks();
+      const std::string msg = "registration of '" + name + "' incomplete after " + ms +
+                              " ms: ranks " + ranks_text(missing) + " have not registered it";
+      log()->warn("{}", msg);
+      for (auto& [w, req] : q.waiting) {
+        if (auto ws = w.lock()) ws->send_error({"timeout", msg, name, -1, -1}, req);
+      }
+      return;
+    }
+    if (q.reducer && q.reducer->step() == step && !q.reducer->complete()) {
+      const auto missing = q.reducer->missing_ranks();
+      drop_step(name, q,
+                {"timeout",
+                 "parameter '" + name + "' step " + std::to_string(step) + ": ranks " +
+                     ranks_text(missing) + " did not commit within " + ms +
+                     " ms; partial step dropped, momentum untouched",
+                 name, step, missing.empty() ? -1 : missing.front()},
+                -1);
+    }
+  });
+}
+
+void Engine::drop_step(const std::string& name, Param& p, const ErrorMsg& error, int except_rank) {
+  log()->warn("{}", error.message);
+  if (p.timer) p.timer->cancel();
+  p.timer.reset();
+  p.reducer.reset();
+  (void)name;
+  broadcast(p, error, except_rank);
+}
+
+void Engine::on_closed(const SessionPtr& s, const std::string& why) {
+  sessions_.erase(s->id());
+  const int rank = s->rank;
+  if (rank >= 0) {
+    auto it = ranks_.find(rank);
+    if (it != ranks_.end() && it->second.lock() == s) ranks_.erase(it);
+  }
+  log()->info("session {} (rank {}) closed: {}", s->id(), rank, why);
+  if (rank >= 0 && why != "goodbye" && !stopping_) {
+    lost_ranks_[rank] =
+        "rank " + std::to_string(rank) + " (" + s->client_name + ") was lost (" + why + ")";
+  }
+  for (auto& [name, p] : params_) {
+    std::erase_if(p.waiting, [&](const auto& w) {
+      auto ws = w.first.lock();
+      return !ws || ws == s;
+    });
+    if (rank < 0 || stopping_ || !p.layout || !p.reducer) continue;
+    if (!contributes(*p.layout, rank)) continue;
+    const auto missing = p.reducer->missing_ranks();
+    if (std::find(missing.begin(), missing.end(), rank) == missing.end()) continue;
+    const int64_t step = p.reducer->step();
+    drop_step(name, p,
+              {"peer_lost",
+               "rank " + std::to_string(rank) + " (" + s->client_name + ") was lost (" + why +
+                   ") during step " + std::to_string(step) + " of '" + name +
+                   "'; partial step dropped, momentum untouched",
+               name, step, rank},
+              rank);
+  }
+}
+
+// ---- snapshots, state ------------------------------------------------------------------------
+
+void Engine::write_snapshot_now(const std::string& path) {
+  std::vector<SnapshotEntry> entries;
+  for (const auto& [name, p] : params_) {
+    if (!p.layout) continue;
+    entries.push_back(
+        {name, dims_of(p.layout->spec.shape), p.last_step, p.layout->spec.options, p.momentum});
+  }
+  write_snapshot(path, entries);
+  log()->info("snapshot of {} parameter(s) written to {}", entries.size(), path);
+}
+
+void Engine::on_snapshot(const SessionPtr& s, const Frame& f) {
+  auto m = transport::decode<transport::SnapshotRequest>(f.payload);
+  const std::string path = m.path.empty() ? config_.snapshot_path : m.path;
+  if (path.empty()) {
+    throw InvalidArgument("snapshot: no path given and the server has no --snapshot path");
+  }
+  if (any_computing()) {  // never save a half-applied momentum: wait for the work in flight
+    snapshot_waiters_.emplace_back(s, std::make_pair(path, f.request_id));
+    return;
+  }
+  try {
+    write_snapshot_now(path);
+  } catch (const Error& e) {
+    s->send_error({"snapshot", e.message(), "", -1, -1}, f.request_id);
+    return;
+  }
+  s->send(MessageType::snapshot_ok,
+          transport::encode(transport::SnapshotOk{path, static_cast<int>(params_.size())}),
+          f.request_id);
+}
+
+void Engine::on_state_fetch(const SessionPtr& s, const Frame& f) {
+  auto m = transport::decode<transport::StateFetch>(f.payload);
+  Param& p = registered_param(m.name, s);
+  if (p.computing) {
+    throw InvalidArgument("parameter '" + m.name +
+                          "': momentum requested while a step is computing");
+  }
+  const int64_t n = p.layout->spec.shape.numel();
+  const int64_t per_chunk = static_cast<int64_t>(config_.layout.slot_bytes / 4);
+  for (int64_t off = 0; off < n; off += per_chunk) {
+    const int64_t count = std::min(per_chunk, n - off);
+    std::vector<std::byte> data(static_cast<size_t>(count) * 4);
+    std::memcpy(data.data(), p.momentum.data() + off, data.size());
+    transport::Update u;
+    u.name = m.name;
+    u.step = p.last_step;
+    u.offset = off;
+    u.count = count;
+    u.kind = transport::ChunkKind::momentum;
+    u.last = off + count == n;
+    s->send_chunk(std::move(u), std::move(data));
+  }
+}
+
+std::string Engine::status_json() const {
+  nlohmann::json j;
+  j["world_size"] = world_size_;
+  j["stopping"] = stopping_;
+  j["queued"] = scheduler_.queued();
+  auto& sessions = j["sessions"] = nlohmann::json::array();
+  for (const auto& [id, w] : sessions_) {
+    if (auto s = w.lock()) {
+      sessions.push_back({{"id", id},
+                          {"rank", s->rank},
+                          {"client", s->client_name},
+                          {"pending_chunks", s->pending_chunks()}});
+    }
+  }
+  auto& params = j["parameters"] = nlohmann::json::array();
+  for (const auto& [name, p] : params_) {
+    nlohmann::json e{{"name", name},
+                     {"registered", p.layout.has_value()},
+                     {"last_step", p.last_step},
+                     {"computing", p.computing}};
+    if (p.layout) {
+      e["shape"] = p.layout->spec.shape.str();
+      e["contributors"] = p.layout->contributors;
+    }
+    if (p.reducer) {
+      e["gathering_step"] = p.reducer->step();
+      e["missing_ranks"] = p.reducer->missing_ranks();
+    }
+    params.push_back(e);
+  }
+  return j.dump();
+}
+
+// ---- shutdown --------------------------------------------------------------------------------
+
+void Engine::shutdown(std::function<void()> done) {
+  stopping_ = true;
+  shutdown_done_ = std::move(done);
+  // Steps still being gathered are aborted: nothing of them reached the momentum.
+  for (auto& [name, p] : params_) {
+    if (p.reducer) {
+      drop_step(name, p,
+                {"shutdown",
+                 "server shutting down: step " + std::to_string(p.reducer->step()) + " of '" +
+                     name + "' aborted, momentum untouched",
+                 name, p.reducer->step(), -1},
+                -1);
+    }
+    if (p.timer) p.timer->cancel();
+  }
+  maybe_finish_shutdown();
+}
+
+void Engine::maybe_finish_shutdown() {
+  if (!stopping_ || !shutdown_done_ || any_computing()) return;
+  if (!config_.snapshot_path.empty()) {
+    try {
+      write_snapshot_now(config_.snapshot_path);
+    } catch (const Error& e) {
+      log()->error("final snapshot failed: {}", e.what());
+    }
+  }
+  std::vector<SessionPtr> open;  // close() re-enters on_closed, which edits sessions_
+  for (auto& [id, w] : sessions_) {
+    if (auto s = w.lock()) open.push_back(s);
+  }
+  for (auto& s : open) {
+    s->send_error({"shutdown", "server shutting down", "", -1, -1});
+    s->close("server shutdown");
+  }
+  scheduler_.stop();
+  auto done = std::move(shutdown_done_);
+  shutdown_done_ = nullptr;
+  done();
+}
+
+}  // namespace muon::daemon

@@ -1,0 +1,102 @@
+// The server's state machine over parameters and steps: registration across ranks, the step
+// reduction, hand-off to the Newton-Schulz worker, update fan-out to subscribers, failure
+// handling (lost ranks, timeouts, bad input) and snapshots. Runs on the io thread only; the
+// worker's results are posted back to it.
+//
+// Step rules: a parameter's steps are explicit integers; the first step after registration (or
+// restore) may be any number, later ones must follow the last applied step by exactly one. A step
+// whose Newton-Schulz is refused (non-finite gradient under policy `error`) is consumed: momentum
+// untouched, every rank of the parameter gets the error, and the next step is last + 1.
+#pragma once
+
+#include "transport/asio.hpp"
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "daemon/registration.hpp"
+#include "daemon/scheduler.hpp"
+#include "daemon/server_config.hpp"
+#include "daemon/session.hpp"
+#include "daemon/snapshot.hpp"
+#include "daemon/step_reducer.hpp"
+
+namespace muon::daemon {
+
+class Engine {
+ public:
+  using SessionPtr = std::shared_ptr<Session>;
+
+  /// Restores momentum from config.restore_path when set (throws muon::InvalidArgument for a
+  /// bad snapshot). `backend` runs on the worker thread.
+  Engine(boost::asio::io_context& io, ServerConfig config, std::unique_ptr<Backend> backend);
+  ~Engine();
+
+  void on_frame(const SessionPtr& session, transport::Frame frame);
+  void on_closed(const SessionPtr& session, const std::string& why);
+  void add_session(const SessionPtr& session);
+
+  /// Stops taking steps, waits for the Newton-Schulz work in flight, writes the final snapshot
+  /// (when configured), closes every session and stops the worker; then calls `done` on the io
+  /// thread.
+  void shutdown(std::function<void()> done);
+
+  /// Readable state for `status` (JSON text).
+  std::string status_json() const;
+
+ private:
+  struct Param {
+    std::optional<PendingRegistration> pending;
+    std::vector<std::pair<std::weak_ptr<Session>, uint32_t>> waiting;  // register_ok owed
+    std::optional<ParameterLayout> layout;
+    std::vector<float> momentum;
+    int64_t last_step = -1;
+    std::optional<StepReducer> reducer;
+    bool computing = false;
+    std::unique_ptr<boost::asio::steady_timer> timer;
+  };
+
+  void on_hello(const SessionPtr& s, const transport::Frame& f);
+  void on_register(const SessionPtr& s, const transport::Frame& f);
+  void on_push(const SessionPtr& s, const transport::Frame& f);
+  void on_commit(const SessionPtr& s, const transport::Frame& f);
+  void on_snapshot(const SessionPtr& s, const transport::Frame& f);
+  void on_state_fetch(const SessionPtr& s, const transport::Frame& f);
+
+  Param& registered_param(const std::string& name, const SessionPtr& s);
+  void complete_registration(const std::string& name, Param& p);
+  void release_reregistrations(Param& p);
+  void start_compute(const std::string& name, Param& p);
+  void finish_jobs(std::vector<NsJob> jobs);
+  void send_update(const std::string& name, Param& p, const NsJob& job);
+  void drop_step(const std::string& name, Param& p, const transport::ErrorMsg& error,
+                 int except_rank);
+  void arm_timer(const std::string& name, Param& p);
+  void broadcast(const Param& p, const transport::ErrorMsg& error, int except_rank = -1);
+  SessionPtr session_of(int rank) const;
+  bool any_computing() const;
+  void write_snapshot_now(const std::string& path);
+  void maybe_finish_shutdown();
+
+  boost::asio::io_context& io_;
+  ServerConfig config_;
+  Scheduler scheduler_;
+  std::map<std::string, Param> params_;
+  std::map<std::string, SnapshotEntry> restored_;
+  std::map<int, std::weak_ptr<Session>> ranks_;
+  /// Ranks whose connection broke without a goodbye; cleared when the rank says hello again.
+  /// A step that needs one of them fails at once instead of waiting for the step timeout.
+  std::map<int, std::string> lost_ranks_;
+  std::map<uint64_t, std::weak_ptr<Session>> sessions_;
+  int world_size_ = 0;
+  std::vector<std::pair<std::weak_ptr<Session>, std::pair<std::string, uint32_t>>>
+      snapshot_waiters_;
+  bool stopping_ = false;
+  std::function<void()> shutdown_done_;
+};
+
+}  // namespace muon::daemon

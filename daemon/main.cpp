@@ -1,0 +1,74 @@
+// muon-offloadd: the persistent Muon server. See README.md and daemon/server.hpp.
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdlib>
+#include <iostream>
+
+#include "core/error.hpp"
+#include "daemon/server.hpp"
+
+int main(int argc, char** argv) {
+  using namespace muon;
+  daemon::ServerConfig config;
+  std::string log_level = "info";
+  int64_t step_timeout_ms = config.step_timeout.count();
+  uint64_t slot_kib = config.layout.slot_bytes / 1024;
+
+  CLI::App app{
+      "muon-offloadd: a persistent Muon optimizer server (momentum + Newton-Schulz) "
+      "fed by compute ranks over shared memory"};
+  app.set_version_flag("--version", "muon-offloadd " MUON_OFFLOAD_VERSION);
+  app.add_option("--socket", config.socket_path,
+                 "Unix socket path (default: $MUON_OFFLOAD_SOCKET, else "
+                 "$XDG_RUNTIME_DIR/muon-offload/muon-offloadd.sock, else "
+                 "/tmp/muon-offload-<uid>/muon-offloadd.sock)");
+  app.add_option("--backend", config.backend, "cpu, cuda or auto")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
+      ->capture_default_str();
+  app.add_option("--threads", config.cpu_threads,
+                 "OpenBLAS threads of the CPU backend (0: default)")
+      ->check(CLI::Range(0, 4096));
+  app.add_option("--step-timeout-ms", step_timeout_ms,
+                 "A step must be committed by every contributor within this time after its "
+                 "first chunk")
+      ->check(CLI::Range(int64_t{1}, int64_t{86400000}))
+      ->capture_default_str();
+  app.add_option("--tx-slots", config.layout.tx_slots, "Client->server ring slots per session")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  app.add_option("--rx-slots", config.layout.rx_slots, "Server->client ring slots per session")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  app.add_option("--slot-kib", slot_kib, "Bytes per ring slot, in KiB")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 20))
+      ->capture_default_str();
+  app.add_option("--snapshot", config.snapshot_path,
+                 "Snapshot file (safetensors) written at shutdown and on request");
+  app.add_option("--restore", config.restore_path, "Snapshot to restore momentum from at start");
+  app.add_flag("--allow-other-users", config.allow_other_users,
+               "Accept clients of other uids (default: only this uid)");
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  config.step_timeout = std::chrono::milliseconds(step_timeout_ms);
+  config.layout.slot_bytes = slot_kib * 1024;
+
+  auto logger = spdlog::stderr_color_mt("server");
+  spdlog::set_default_logger(logger);
+  if (const char* env = std::getenv("SPDLOG_LEVEL"); env && *env) log_level = env;
+  spdlog::set_level(spdlog::level::from_str(log_level));
+  spdlog::flush_on(spdlog::level::warn);
+
+  int rc = 0;
+  try {
+    daemon::Server server(config);
+    server.run();
+  } catch (const std::exception& e) {
+    std::cerr << "muon-offloadd: error: " << e.what() << "\n";
+    rc = 1;
+  }
+  spdlog::shutdown();
+  return rc;
+}

@@ -1,0 +1,46 @@
+// A registered parameter as the server sees it: its global spec and, per compute rank, the element
+// ranges the rank contributes (push) and wants back (want).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/muon_options.hpp"
+#include "transport/messages.hpp"
+
+namespace muon::daemon {
+
+using transport::DType;
+using transport::Range;
+
+/// What every rank must agree on when registering a parameter.
+struct ParameterSpec {
+  std::string name;
+  MatrixShape shape;  ///< global shape: [batch, rows, cols]
+  DType grad_dtype = DType::f32;
+  DType update_dtype = DType::f32;
+  MuonOptions options;
+};
+
+/// One rank's ranges for a parameter, sorted by begin, non-overlapping, within [0, numel).
+struct RankRanges {
+  int rank = 0;
+  std::vector<Range> push;
+  std::vector<Range> want;
+};
+
+/// A parameter whose registration is complete (every rank of the job registered it).
+struct ParameterLayout {
+  ParameterSpec spec;
+  std::vector<RankRanges> ranks;  ///< indexed by rank, 0..world_size-1
+  int contributors = 0;           ///< contributions summed into every element (uniform, >= 1)
+};
+
+/// True when two specs describe the same parameter (name, shape, dtypes and every option).
+bool same_spec(const ParameterSpec& a, const ParameterSpec& b);
+
+/// Sum of range sizes.
+int64_t total_elements(const std::vector<Range>& ranges);
+
+}  // namespace muon::daemon

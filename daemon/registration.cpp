@@ -1,0 +1,159 @@
+#include "daemon/registration.hpp"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "core/error.hpp"
+
+namespace muon::daemon {
+namespace {
+
+// Upper bound on a parameter's element count (as on the wire, transport/messages.cpp); also keeps
+// batch * rows * cols far from int64 overflow.
+constexpr int64_t kMaxElements = int64_t{1} << 40;
+
+std::string range_str(int64_t begin, int64_t end) {
+  return "[" + std::to_string(begin) + ", " + std::to_string(end) + ")";
+}
+
+std::string contributors_str(int count) {
+  return std::to_string(count) + (count == 1 ? " contributor" : " contributors");
+}
+
+// Sorts `ranges` by begin, drops empty ones and checks them against [0, numel) and each other.
+// `what` is "push" or "want"; `who` prefixes the message.
+void normalize_ranges(std::vector<Range>& ranges, int64_t numel, const std::string& who,
+                      const char* what) {
+  for (const auto& r : ranges) {
+    if (r.begin < 0 || r.end < r.begin || r.end > numel) {
+      throw InvalidArgument(who + ": " + what + " range " + range_str(r.begin, r.end) +
+                            " is not inside [0, " + std::to_string(numel) + ")");
+    }
+  }
+  std::erase_if(ranges, [](const Range& r) { return r.size() == 0; });
+  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    if (ranges[i].begin < ranges[i - 1].end) {
+      throw InvalidArgument(who + ": " + what + " ranges " +
+                            range_str(ranges[i - 1].begin, ranges[i - 1].end) + " and " +
+                            range_str(ranges[i].begin, ranges[i].end) + " overlap");
+    }
+  }
+}
+
+}  // namespace
+
+PendingRegistration::PendingRegistration(ParameterSpec spec, int world_size)
+    : spec_(std::move(spec)), world_size_(world_size) {
+  const std::string who = "parameter '" + spec_.name + "'";
+  if (world_size < 1) {
+    throw InvalidArgument(who + ": world size must be >= 1, got " + std::to_string(world_size));
+  }
+  const auto& s = spec_.shape;
+  if (s.batch > 0 && s.rows > 0 && s.cols > 0 &&
+      (s.rows > kMaxElements / s.cols || s.batch > kMaxElements / (s.rows * s.cols))) {
+    throw InvalidArgument(who + ": shape " + s.str() + " has more than 2^40 elements");
+  }
+  validate(spec_.options, spec_.shape, spec_.name);  // names the matrix in its message
+  ranks_.resize(static_cast<size_t>(world_size));
+}
+
+bool PendingRegistration::add(int rank, const ParameterSpec& spec, std::vector<Range> push,
+                              std::vector<Range> want) {
+  const std::string who = "parameter '" + spec_.name + "' rank " + std::to_string(rank);
+  if (rank < 0 || rank >= world_size_) {
+    throw InvalidArgument(who + ": rank outside [0, " + std::to_string(world_size_) + ")");
+  }
+  if (!same_spec(spec, spec_)) {
+    std::string field = "options";
+    if (spec.name != spec_.name) {
+      field = "name ('" + spec.name + "')";
+    } else if (spec.shape.batch != spec_.shape.batch || spec.shape.rows != spec_.shape.rows ||
+               spec.shape.cols != spec_.shape.cols) {
+      field = "shape (" + spec.shape.str() + " vs " + spec_.shape.str() + ")";
+    } else if (spec.grad_dtype != spec_.grad_dtype) {
+      field = "grad_dtype";
+    } else if (spec.update_dtype != spec_.update_dtype) {
+      field = "update_dtype";
+    }
+    throw InvalidArgument(who + ": registration differs from the first registrant's in " + field);
+  }
+  const int64_t numel = spec_.shape.numel();
+  // Everything is checked on the local copies first: a throw leaves the state as it was.
+  normalize_ranges(push, numel, who, "push");
+  normalize_ranges(want, numel, who, "want");
+  ranks_[static_cast<size_t>(rank)] = RankRanges{rank, std::move(push), std::move(want)};
+  return missing_ranks().empty();
+}
+
+std::vector<int> PendingRegistration::missing_ranks() const {
+  std::vector<int> out;
+  for (int r = 0; r < world_size_; ++r) {
+    if (!ranks_[static_cast<size_t>(r)]) out.push_back(r);
+  }
+  return out;
+}
+
+ParameterLayout PendingRegistration::finish() const {
+  const std::string who = "parameter '" + spec_.name + "'";
+  const auto missing = missing_ranks();
+  if (!missing.empty()) {
+    std::string list;
+    for (int r : missing) list += (list.empty() ? "" : ", ") + std::to_string(r);
+    throw InvalidArgument(who + ": registration incomplete, missing ranks " + list);
+  }
+  // Sweep over the boundaries of every rank's push ranges: between two consecutive boundaries
+  // the contributor count is constant. Collapse equal-count neighbours into segments.
+  const int64_t numel = spec_.shape.numel();
+  std::vector<std::pair<int64_t, int>> events;  // (position, +1 start / -1 end)
+  for (const auto& r : ranks_) {
+    for (const auto& g : r->push) {
+      events.emplace_back(g.begin, +1);
+      events.emplace_back(g.end, -1);
+    }
+  }
+  std::sort(events.begin(), events.end());
+  struct Segment {
+    int64_t begin, end;
+    int count;
+  };
+  std::vector<Segment> segments;
+  int count = 0;
+  int64_t pos = 0;
+  size_t e = 0;
+  while (pos < numel) {
+    while (e < events.size() && events[e].first == pos) count += events[e++].second;
+    const int64_t next = e < events.size() ? events[e].first : numel;
+    if (!segments.empty() && segments.back().count == count) {
+      segments.back().end = next;
+    } else {
+      segments.push_back({pos, next, count});
+    }
+    pos = next;
+  }
+  for (const auto& s : segments) {
+    if (s.count == 0) {
+      throw InvalidArgument(who + ": elements " + range_str(s.begin, s.end) +
+                            " have no contributor (no rank pushes them)");
+    }
+  }
+  for (const auto& s : segments) {
+    if (s.count != segments.front().count) {
+      const auto& f = segments.front();
+      throw InvalidArgument(who + ": elements " + range_str(f.begin, f.end) + " have " +
+                            contributors_str(f.count) + ", elements " + range_str(s.begin, s.end) +
+                            " have " + contributors_str(s.count) +
+                            "; every element needs the same number of contributors");
+    }
+  }
+  ParameterLayout layout;
+  layout.spec = spec_;
+  for (const auto& r : ranks_) layout.ranks.push_back(*r);
+  layout.contributors = segments.front().count;
+  return layout;
+}
+
+}  // namespace muon::daemon

@@ -1,0 +1,71 @@
+// The compute side of the server: a worker thread that takes parameters whose gradient is
+// complete, batches the ready ones of the same shape and options into one backend call, runs
+// momentum + Newton-Schulz + scale, and hands the results back. Work starts the moment a
+// parameter is submitted, so it overlaps the rest of the trainers' backward.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kernels/backend.hpp"
+
+namespace muon::daemon {
+
+/// One parameter's step, handed to the worker and back.
+struct NsJob {
+  std::string name;
+  int64_t step = 0;
+  MatrixShape shape;
+  MuonOptions options;
+  std::vector<float> grad;    ///< reduced gradient, shape.numel() fp32 (consumed)
+  float* momentum = nullptr;  ///< the parameter's fp32 momentum; the caller must not touch it
+                              ///< until the job comes back (null for convention none)
+  std::vector<float> update;  ///< out: shape.numel() fp32
+  bool applied = false;       ///< out: false when skipped by the non-finite policy
+  std::string error;          ///< out: non-empty when the backend refused the step (the
+                              ///< momentum is then untouched)
+  std::string error_code;     ///< out: "non_finite", "bad_request", "backend"
+};
+
+/// A single worker thread over one backend.
+class Scheduler {
+ public:
+  /// `on_done` is called on the worker thread with each finished batch of jobs (a batch holds
+  /// jobs of equal shape and options that were ready together).
+  Scheduler(std::unique_ptr<Backend> backend, std::function<void(std::vector<NsJob>)> on_done);
+  ~Scheduler();  ///< stops after the jobs already submitted
+
+  /// Queues a job (thread-safe).
+  void submit(NsJob job);
+  /// Finishes queued jobs, then joins the worker. Idempotent.
+  void stop();
+  /// Jobs waiting (not yet taken by the worker).
+  size_t queued() const;
+  const Backend& backend() const { return *backend_; }
+
+ private:
+  void run();
+  void run_batch(std::vector<NsJob>& jobs);  // jobs of equal rows, cols and options
+  void run_one(NsJob& job);
+  std::unique_ptr<Backend> backend_;
+  std::function<void(std::vector<NsJob>)> on_done_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<NsJob> queue_;
+  bool stopping_ = false;
+  std::thread worker_;
+  std::mutex join_mu_;  // serializes stop()'s join
+  // Worker-only buffers, reused across batches: concatenated gradients, momenta and updates.
+  std::vector<float> grad_buf_, momentum_buf_, update_buf_;
+};
+
+/// True when two option sets give bitwise the same math (used to batch jobs together).
+bool same_options(const MuonOptions& a, const MuonOptions& b);
+
+}  // namespace muon::daemon

@@ -1,0 +1,42 @@
+// muon-offloadd's process shell: the Unix-socket acceptor, the peer-credential check, signal
+// handling (SIGINT/SIGTERM: stop accepting, finish the work in flight, final snapshot) and the
+// io_context that runs every session and the Engine on one thread.
+#pragma once
+
+#include "transport/asio.hpp"
+
+#include <atomic>
+#include <memory>
+
+#include "daemon/engine.hpp"
+#include "daemon/server_config.hpp"
+
+namespace muon::daemon {
+
+class Server {
+ public:
+  /// Prepares the socket (private directory, stale-socket cleanup), creates the backend and
+  /// restores the snapshot. Throws muon::Error (or BackendUnavailable) with a readable reason.
+  explicit Server(ServerConfig config);
+  ~Server();
+
+  /// Serves until a signal or stop(); returns after the graceful shutdown.
+  void run();
+  /// Asks for a graceful shutdown (thread-safe).
+  void stop();
+  const std::string& socket_path() const { return config_.socket_path; }
+
+ private:
+  void accept_next();
+  void begin_shutdown(const std::string& why);
+
+  ServerConfig config_;
+  boost::asio::io_context io_;
+  boost::asio::local::stream_protocol::acceptor acceptor_;
+  boost::asio::signal_set signals_;
+  std::unique_ptr<Engine> engine_;
+  uint64_t next_session_ = 1;
+  bool shutting_down_ = false;
+};
+
+}  // namespace muon::daemon

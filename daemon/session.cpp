@@ -1,0 +1,127 @@
+#include "daemon/session.hpp"
+
+#include <cstring>
+
+namespace muon::daemon {
+
+namespace asio = boost::asio;
+using transport::Frame;
+using transport::MessageType;
+
+Session::Session(Socket socket, uint64_t id, FrameHandler on_frame, CloseHandler on_close)
+    : socket_(std::move(socket)),
+      id_(id),
+      on_frame_(std::move(on_frame)),
+      on_close_(std::move(on_close)) {}
+
+void Session::start() {
+  read_more();
+}
+
+void Session::read_more() {
+  auto self = shared_from_this();
+  socket_.async_read_some(asio::buffer(read_buf_), [self](boost::system::error_code ec, size_t n) {
+    if (self->closed_) return;
+    if (ec) {
+      self->finish(ec == asio::error::eof ? "client disconnected" : "read failed: " + ec.message());
+      return;
+    }
+    try {
+      self->decoder_.feed(self->read_buf_.data(), n);
+      while (auto frame = self->decoder_.next()) {
+        self->on_frame_(self, std::move(*frame));
+        if (self->closed_ || self->closing_) return;
+      }
+    } catch (const transport::ProtocolError& e) {
+      // The byte stream can no longer be trusted: tell the client why, then drop it.
+      self->send_error({"protocol", e.message(), "", -1, -1});
+      self->close(e.message());
+      return;
+    }
+    self->read_more();
+  });
+}
+
+void Session::send(MessageType type, const std::string& payload, uint32_t request_id) {
+  if (closed_) return;
+  write_queue_.push_back(
+      transport::encode_frame(Frame{static_cast<uint16_t>(type), request_id, payload}));
+  if (!writing_) write_next();
+}
+
+void Session::send_error(const transport::ErrorMsg& error, uint32_t request_id) {
+  send(MessageType::error, transport::encode(error), request_id);
+}
+
+void Session::write_next() {
+  if (write_queue_.empty()) {
+    writing_ = false;
+    if (closing_) finish(close_reason_);
+    return;
+  }
+  writing_ = true;
+  auto self = shared_from_this();
+  asio::async_write(socket_, asio::buffer(write_queue_.front()),
+                    [self](boost::system::error_code ec, size_t) {
+                      if (self->closed_) return;
+                      self->write_queue_.pop_front();
+                      if (ec) {
+                        self->finish("write failed: " + ec.message());
+                        return;
+                      }
+                      self->write_next();
+                    });
+}
+
+void Session::send_chunk(transport::Update msg, std::vector<std::byte> data) {
+  if (closed_) return;
+  pending_.emplace_back(std::move(msg), std::move(data));
+  flush_chunks();
+}
+
+void Session::flush_chunks() {
+  if (!segment) return;
+  if (rx_busy_.empty()) rx_busy_.assign(segment->layout().rx_slots, false);
+  while (!pending_.empty()) {
+    uint32_t slot = 0;
+    while (slot < rx_busy_.size() && rx_busy_[slot]) ++slot;
+    if (slot == rx_busy_.size()) return;  // no credit: wait for an update_ack
+    auto& [msg, data] = pending_.front();
+    std::memcpy(segment->rx_slot(slot), data.data(), data.size());
+    rx_busy_[slot] = true;
+    msg.slot = slot;
+    send(MessageType::update, transport::encode(msg));
+    pending_.pop_front();
+  }
+}
+
+void Session::release_rx_slot(uint32_t slot) {
+  if (slot >= rx_busy_.size() || !rx_busy_[slot]) {
+    throw transport::ProtocolError("update_ack for rx slot " + std::to_string(slot) +
+                                   " that holds no update");
+  }
+  rx_busy_[slot] = false;
+  flush_chunks();
+}
+
+void Session::close(const std::string& why) {
+  if (closed_ || closing_) return;
+  closing_ = true;
+  close_reason_ = why;
+  if (!writing_) finish(why);
+}
+
+void Session::finish(const std::string& why) {
+  if (closed_) return;
+  closed_ = true;
+  boost::system::error_code ignored;
+  socket_.shutdown(Socket::shutdown_both, ignored);
+  socket_.close(ignored);
+  pending_.clear();
+  write_queue_.clear();
+  if (segment) transport::ShmSegment::remove(segment->name());  // in case the client never mapped
+  on_close_(shared_from_this(), why);
+  segment.reset();  // unmap: the kernel frees the pages once the client unmapped too
+}
+
+}  // namespace muon::daemon

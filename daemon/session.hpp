@@ -1,0 +1,77 @@
+// One client connection: its socket, its frame decoder, its write queue and its shared-memory
+// rings. A session moves bytes and frames; what the frames mean is the Engine's job.
+#pragma once
+
+#include "transport/asio.hpp"
+
+#include <array>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "transport/frame.hpp"
+#include "transport/messages.hpp"
+#include "transport/shm_segment.hpp"
+
+namespace muon::daemon {
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  using Socket = boost::asio::local::stream_protocol::socket;
+  /// Called on the io thread for each complete frame.
+  using FrameHandler = std::function<void(const std::shared_ptr<Session>&, transport::Frame)>;
+  /// Called once when the connection ends (EOF, error, protocol violation or close()).
+  using CloseHandler = std::function<void(const std::shared_ptr<Session>&, const std::string& why)>;
+
+  Session(Socket socket, uint64_t id, FrameHandler on_frame, CloseHandler on_close);
+
+  /// Starts reading. Call once, on the io thread.
+  void start();
+  /// Queues a frame for sending (io thread only).
+  void send(transport::MessageType type, const std::string& payload, uint32_t request_id = 0);
+  /// Sends an error message (io thread only).
+  void send_error(const transport::ErrorMsg& error, uint32_t request_id = 0);
+  /// Queues an update chunk: copied into a free rx slot and announced with an `update` frame as
+  /// soon as a slot is free (credit-based flow control). `data` holds msg.count elements.
+  void send_chunk(transport::Update msg, std::vector<std::byte> data);
+  /// A client returned rx slot `slot` (update_ack). Throws ProtocolError for a slot not in use.
+  void release_rx_slot(uint32_t slot);
+  /// Closes the connection after flushing queued frames; the close handler runs once.
+  void close(const std::string& why);
+
+  uint64_t id() const { return id_; }
+  bool closed() const { return closed_; }
+  /// Set after `hello`.
+  int rank = -1;
+  int world_size = 0;
+  std::string client_name;
+  std::optional<transport::ShmSegment> segment;
+  /// Chunks waiting for an rx slot.
+  size_t pending_chunks() const { return pending_.size(); }
+
+ private:
+  void read_more();
+  void write_next();
+  void flush_chunks();
+  void finish(const std::string& why);
+
+  Socket socket_;
+  uint64_t id_;
+  FrameHandler on_frame_;
+  CloseHandler on_close_;
+  transport::FrameDecoder decoder_;
+  std::array<std::byte, 64 * 1024> read_buf_{};
+  std::deque<std::vector<std::byte>> write_queue_;
+  bool writing_ = false;
+  bool closing_ = false;
+  bool closed_ = false;
+  std::string close_reason_;
+  std::vector<bool> rx_busy_;
+  std::deque<std::pair<transport::Update, std::vector<std::byte>>> pending_;
+};
+
+}  // namespace muon::daemon

@@ -1,0 +1,38 @@
+// Momentum snapshots as safetensors files (https://github.com/huggingface/safetensors format:
+// u64 little-endian header length, a JSON header, then raw little-endian tensor bytes), written
+// atomically: a temporary file in the same folder, fsync, rename, fsync of the folder.
+//
+// Header: {"<name>": {"dtype": "F32", "shape": [...], "data_offsets": [begin, end]}, ...,
+//          "__metadata__": {"format": "muon-offload-momentum", "version": "1",
+//                           "step:<name>": "<last applied step>",
+//                           "options:<name>": "<MuonOptions as JSON>"}}
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/muon_options.hpp"
+
+namespace muon::daemon {
+
+/// One parameter's saved state.
+struct SnapshotEntry {
+  std::string name;
+  std::vector<int64_t> shape;  ///< global shape as registered ([r, c] or [b, r, c])
+  int64_t last_step = -1;      ///< last step applied to this momentum
+  MuonOptions options;
+  std::vector<float> momentum;  ///< fp32, product(shape) values
+};
+
+/// Writes all entries atomically to `path` (the file is complete and fsynced, or untouched).
+/// Throws muon::Error naming the path and the OS error.
+void write_snapshot(const std::string& path, const std::vector<SnapshotEntry>& entries);
+
+/// Reads a snapshot written by write_snapshot. Throws muon::InvalidArgument naming the path and
+/// what is wrong for: a missing file, a truncated file, a header that is not valid JSON, a
+/// dtype other than F32, data offsets that do not match the shape or lie past the end, a
+/// missing format tag or step.
+std::vector<SnapshotEntry> read_snapshot(const std::string& path);
+
+}  // namespace muon::daemon

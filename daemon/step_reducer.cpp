@@ -1,0 +1,136 @@
+#include "daemon/step_reducer.hpp"
+
+#include <algorithm>
+
+#include "core/error.hpp"
+
+namespace muon::daemon {
+namespace {
+
+std::string range_str(int64_t begin, int64_t end) {
+  return "[" + std::to_string(begin) + ", " + std::to_string(end) + ")";
+}
+
+}  // namespace
+
+StepReducer::StepReducer(const ParameterLayout& layout, int64_t step)
+    : layout_(layout), step_(step), ranks_(layout.ranks.size()) {
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    auto& st = ranks_[r];
+    for (const auto& g : layout.ranks[r].push) {
+      st.packed_begin.push_back(st.packed_size);
+      st.packed_size += g.size();
+    }
+  }
+}
+
+std::string StepReducer::who(int rank) const {
+  return "parameter '" + layout_.spec.name + "' step " + std::to_string(step_) + " rank " +
+         std::to_string(rank);
+}
+
+void StepReducer::add(int rank, int64_t offset, std::span<const float> values) {
+  if (rank < 0 || rank >= static_cast<int>(ranks_.size())) {
+    throw InvalidArgument(who(rank) + ": rank outside [0, " + std::to_string(ranks_.size()) + ")");
+  }
+  auto& st = ranks_[static_cast<size_t>(rank)];
+  const auto& push = layout_.ranks[static_cast<size_t>(rank)].push;
+  if (st.packed_size == 0) throw InvalidArgument(who(rank) + ": this rank pushes nothing");
+  if (st.committed) throw InvalidArgument(who(rank) + ": already committed this step");
+  const auto n = static_cast<int64_t>(values.size());
+  if (n == 0) return;
+  // The push range holding `offset`: the last one with begin <= offset.
+  auto it = std::upper_bound(push.begin(), push.end(), offset,
+                             [](int64_t off, const Range& g) { return off < g.begin; });
+  if (offset < 0 || it == push.begin() || offset > std::prev(it)->end - n) {
+    throw InvalidArgument(who(rank) + ": elements " + range_str(offset, offset + n) +
+                          " are not inside one of the rank's push ranges");
+  }
+  --it;
+  const auto index = static_cast<size_t>(it - push.begin());
+  // Zero-filled with -0.0f, the exact additive identity (-0 + x == x bitwise, also for x = +0),
+  // so a first push gives exactly the values.
+  if (st.values.empty()) st.values.assign(static_cast<size_t>(st.packed_size), -0.0f);
+  float* dst = st.values.data() + st.packed_begin[index] + (offset - it->begin);
+  // Repeated pushes of an element within a step add up in push order (gradient accumulation);
+  for (int64_t i = 0; i < n; ++i) dst[i] += values[static_cast<size_t>(i)];
+  // Coalesce with the previous chunk when contiguous (the common streaming case).
+  if (!st.pushed.empty() && st.pushed.back().end == offset) {
+    st.pushed.back().end = offset + n;
+  } else {
+    st.pushed.push_back({offset, offset + n});
+  }
+}
+
+void StepReducer::commit(int rank) {
+  if (rank < 0 || rank >= static_cast<int>(ranks_.size())) {
+    throw InvalidArgument(who(rank) + ": rank outside [0, " + std::to_string(ranks_.size()) + ")");
+  }
+  auto& st = ranks_[static_cast<size_t>(rank)];
+  if (st.packed_size == 0) throw InvalidArgument(who(rank) + ": this rank pushes nothing");
+  if (st.committed) throw InvalidArgument(who(rank) + ": already committed this step");
+  // Merge what was received, then walk the push ranges against it.
+  std::sort(st.pushed.begin(), st.pushed.end(),
+            [](const Range& a, const Range& b) { return a.begin < b.begin; });
+  std::vector<Range> merged;
+  for (const auto& g : st.pushed) {
+    if (!merged.empty() && g.begin <= merged.back().end) {
+      merged.back().end = std::max(merged.back().end, g.end);
+    } else {
+      merged.push_back(g);
+    }
+  }
+  st.pushed = merged;
+  size_t m = 0;
+  for (const auto& g : layout_.ranks[static_cast<size_t>(rank)].push) {
+    int64_t pos = g.begin;  // first element of g not yet known to be covered
+    while (pos < g.end) {
+      while (m < merged.size() && merged[m].end <= pos) ++m;
+      if (m == merged.size() || merged[m].begin > pos) {
+        const int64_t gap_end = m == merged.size() ? g.end : std::min(g.end, merged[m].begin);
+        throw InvalidArgument(who(rank) + ": cannot commit, elements " + range_str(pos, gap_end) +
+                              " were never pushed this step");
+      }
+      pos = merged[m].end;
+    }
+  }
+  st.committed = true;
+}
+
+bool StepReducer::complete() const {
+  for (const auto& st : ranks_) {
+    if (st.packed_size > 0 && !st.committed) return false;
+  }
+  return true;
+}
+
+std::vector<int> StepReducer::missing_ranks() const {
+  std::vector<int> out;
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    if (ranks_[r].packed_size > 0 && !ranks_[r].committed) out.push_back(static_cast<int>(r));
+  }
+  return out;
+}
+
+void StepReducer::reduce(float* grad) const {
+  if (!complete()) {
+    std::string list;
+    for (int r : missing_ranks()) list += (list.empty() ? "" : ", ") + std::to_string(r);
+    throw Error("parameter '" + layout_.spec.name + "' step " + std::to_string(step_) +
+                ": cannot reduce before every contributor committed (missing ranks " + list + ")");
+  }
+  // -0.0f: see add(). Then ranks in ascending order, whatever order they arrived in: every
+  // element's sum is (v_r0 + v_r1) + v_r2 + ..., which makes the result bitwise reproducible.
+  std::fill(grad, grad + layout_.spec.shape.numel(), -0.0f);
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    const auto& st = ranks_[r];
+    const auto& push = layout_.ranks[r].push;
+    for (size_t i = 0; i < push.size(); ++i) {
+      const float* src = st.values.data() + st.packed_begin[i];
+      float* dst = grad + push[i].begin;
+      for (int64_t j = 0; j < push[i].size(); ++j) dst[j] += src[j];
+    }
+  }
+}
+
+}  // namespace muon::daemon

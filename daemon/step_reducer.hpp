@@ -1,0 +1,58 @@
+// The reduction of one parameter's gradient for one step: each contributing rank's pushes are
+// accumulated into that rank's own fp32 buffer (several pushes of the same element within a step
+// add up: gradient accumulation), and the reduced gradient is the sum over ranks in ascending
+// rank order, never in arrival order. The result is therefore bitwise the same however the
+// gradient was cut into chunks and in whatever order chunks and ranks arrived.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "daemon/parameter.hpp"
+
+namespace muon::daemon {
+
+class StepReducer {
+ public:
+  /// `layout` must outlive the reducer.
+  StepReducer(const ParameterLayout& layout, int64_t step);
+
+  int64_t step() const { return step_; }
+
+  /// Adds `values` (fp32) to rank `rank`'s contribution at elements [offset, offset + size).
+  /// Throws InvalidArgument naming the parameter, step and rank when the rank pushes nothing,
+  /// has already committed this step, or the range is not inside one of its push ranges.
+  void add(int rank, int64_t offset, std::span<const float> values);
+
+  /// Marks rank's contribution complete. Throws InvalidArgument when some element of the rank's
+  /// push ranges was never pushed this step (naming the first missing range), or the rank
+  /// contributes nothing, or it already committed.
+  void commit(int rank);
+
+  /// True once every rank with a non-empty push set has committed.
+  bool complete() const;
+
+  /// Contributing ranks that have not committed yet, ascending.
+  std::vector<int> missing_ranks() const;
+
+  /// The reduced gradient, numel fp32 values: for every element the sum of its contributors'
+  /// values in ascending rank order. Requires complete(); throws Error otherwise.
+  void reduce(float* grad) const;
+
+ private:
+  const ParameterLayout& layout_;
+  int64_t step_;
+  struct RankState {
+    std::vector<float> values;  // packed over the rank's push ranges, in range order
+    std::vector<Range> pushed;  // element ranges received (may overlap: accumulation)
+    bool committed = false;
+    std::vector<int64_t> packed_begin;  // index in `values` of each push range's first element
+    int64_t packed_size = 0;            // total elements of the rank's push ranges
+  };
+  std::string who(int rank) const;  // "parameter 'w' step 3 rank 1"
+  std::vector<RankState> ranks_;
+};
+
+}  // namespace muon::daemon

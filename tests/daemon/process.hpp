@@ -1,0 +1,57 @@
+// Real child processes for the integration tests: spawn, wait with a deadline, kill.
+#pragma once
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+namespace muon::testing {
+
+/// Starts `argv[0]` with the arguments; stdout/stderr are inherited. Throws on failure.
+inline pid_t spawn(const std::vector<std::string>& argv) {
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = 0;
+  if (posix_spawn(&pid, args[0], nullptr, nullptr, args.data(), environ) != 0) {
+    throw std::runtime_error("cannot spawn " + argv[0]);
+  }
+  return pid;
+}
+
+/// Waits for `pid` up to `timeout`. Returns the exit code (128 + signal when killed by a
+/// signal), or nullopt on timeout (the process is then killed).
+inline std::optional<int> wait_exit(pid_t pid, std::chrono::milliseconds timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    int status = 0;
+    const pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid) {
+      if (WIFEXITED(status)) return WEXITSTATUS(status);
+      if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+    }
+    if (std::chrono::steady_clock::now() > end) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return std::nullopt;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+/// True while the process exists (and is not a zombie we have reaped).
+inline bool alive(pid_t pid) {
+  return kill(pid, 0) == 0;
+}
+
+}  // namespace muon::testing

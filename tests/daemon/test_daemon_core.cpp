@@ -1,0 +1,1018 @@
+// The server's core without networking: registration (contributor derivation), per-step
+// reduction (bitwise reproducibility), momentum snapshots (safetensors layout, strict reading)
+// and the batching scheduler (bitwise equal to unbatched, errors isolated per job).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.hpp"
+#include "daemon/parameter.hpp"
+#include "daemon/registration.hpp"
+#include "daemon/scheduler.hpp"
+#include "daemon/snapshot.hpp"
+#include "daemon/step_reducer.hpp"
+#include "transport/messages.hpp"
+
+using namespace muon;
+using namespace muon::daemon;
+
+// `text` contains `part` (gtest without gmock).
+#define EXPECT_CONTAINS(text, part) \
+  EXPECT_NE(std::string(text).find(part), std::string::npos) << "in: " << (text)
+
+namespace {
+
+ParameterSpec make_spec(const std::string& name, MatrixShape shape, MuonOptions options = {}) {
+  ParameterSpec s;
+  s.name = name;
+  s.shape = shape;
+  s.options = std::move(options);
+  return s;
+}
+
+// Runs `f`, expecting exception E whose what() contains every one of `parts`.
+template <class E, class F>
+void expect_throw_with(F&& f, std::initializer_list<std::string> parts) {
+  try {
+    f();
+    ADD_FAILURE() << "no exception thrown";
+  } catch (const E& e) {
+    for (const auto& p : parts) EXPECT_CONTAINS(e.what(), p);
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "wrong exception type: " << e.what();
+  }
+}
+
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+std::vector<float> random_values(size_t n, uint32_t seed, bool wide_magnitudes = false) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> exponent(-8.0f, 8.0f);
+  std::vector<float> v(n);
+  for (auto& x : v)
+    x = wide_magnitudes ? normal(rng) * std::pow(10.0f, exponent(rng)) : normal(rng);
+  return v;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// same_spec / same_options
+
+TEST(ParameterSpec, SameSpecComparesEveryField) {
+  const auto a = make_spec("w", {1, 4, 6});
+  EXPECT_TRUE(same_spec(a, a));
+  auto b = a;
+  b.name = "v";
+  EXPECT_FALSE(same_spec(a, b));
+  b = a;
+  b.shape.batch = 2;
+  EXPECT_FALSE(same_spec(a, b));
+  b = a;
+  b.grad_dtype = DType::bf16;
+  EXPECT_FALSE(same_spec(a, b));
+  b = a;
+  b.update_dtype = DType::bf16;
+  EXPECT_FALSE(same_spec(a, b));
+  b = a;
+  b.options.momentum.mu = 0.9f;
+  EXPECT_FALSE(same_spec(a, b));
+  b = a;
+  b.options.orthogonalize.row_splits = {2, 2};
+  EXPECT_FALSE(same_spec(a, b));
+  b = a;
+  b.options.orthogonalize.nonfinite = NonFinitePolicy::skip;
+  EXPECT_FALSE(same_spec(a, b));
+}
+
+TEST(ParameterSpec, SameOptionsAgreesWithTheJsonForm) {
+  MuonOptions a;
+  std::vector<MuonOptions> variants(12, a);
+  variants[0].momentum.convention = MomentumConvention::ema;
+  variants[1].momentum.mu = 0.9f;
+  variants[2].momentum.nesterov = false;
+  variants[3].orthogonalize.schedule = "polar_express";
+  variants[4].orthogonalize.steps = 7;
+  variants[5].orthogonalize.eps = 1e-6f;
+  variants[6].orthogonalize.eps_mode = EpsMode::clamp;
+  variants[7].orthogonalize.scale_rule = ScaleRule::none;
+  variants[8].orthogonalize.extra_scale = 2.0;
+  variants[9].orthogonalize.algorithm = NsAlgorithm::syrk;
+  variants[10].orthogonalize.precision = Precision::fp32;
+  variants[11].orthogonalize.nonfinite = NonFinitePolicy::skip;
+  EXPECT_TRUE(same_options(a, a));
+  for (const auto& v : variants) {
+    EXPECT_FALSE(same_options(a, v)) << transport::options_to_json(v);
+    EXPECT_NE(transport::options_to_json(a), transport::options_to_json(v));
+    EXPECT_TRUE(same_options(v, transport::options_from_json(transport::options_to_json(v))));
+  }
+}
+
+TEST(ParameterSpec, TotalElements) {
+  EXPECT_EQ(total_elements({}), 0);
+  EXPECT_EQ(total_elements({{0, 5}, {7, 10}, {10, 10}}), 8);
+}
+
+// ---------------------------------------------------------------------------------------------
+// PendingRegistration
+
+TEST(Registration, RowShardsGiveOneContributor) {
+  const auto spec = make_spec("w", {1, 8, 4});  // 32 elements, 2 rows per rank
+  PendingRegistration reg(spec, 4);
+  EXPECT_EQ(reg.missing_ranks(), (std::vector<int>{0, 1, 2, 3}));
+  for (int r = 3; r >= 0; --r) {
+    const bool done = reg.add(r, spec, {{r * 8, r * 8 + 8}}, {{r * 8, r * 8 + 8}});
+    EXPECT_EQ(done, r == 0);
+  }
+  const auto layout = reg.finish();
+  EXPECT_EQ(layout.contributors, 1);
+  ASSERT_EQ(layout.ranks.size(), 4u);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(layout.ranks[r].rank, r);
+    ASSERT_EQ(layout.ranks[r].push.size(), 1u);
+    EXPECT_EQ(layout.ranks[r].push[0].begin, r * 8);
+  }
+}
+
+TEST(Registration, FlatUnevenShardsSortedPerRank) {
+  const auto spec = make_spec("w", {1, 5, 7});  // 35 elements
+  PendingRegistration reg(spec, 3);
+  reg.add(0, spec, {{20, 23}, {0, 11}}, {});  // unsorted on purpose
+  reg.add(1, spec, {{11, 20}}, {{0, 35}});
+  EXPECT_TRUE(reg.add(2, spec, {{23, 35}}, {}));
+  const auto layout = reg.finish();
+  EXPECT_EQ(layout.contributors, 1);
+  ASSERT_EQ(layout.ranks[0].push.size(), 2u);
+  EXPECT_EQ(layout.ranks[0].push[0].begin, 0);
+  EXPECT_EQ(layout.ranks[0].push[1].begin, 20);
+  EXPECT_EQ(total_elements(layout.ranks[1].want), 35);
+}
+
+TEST(Registration, EmptyShardForOneRank) {
+  const auto spec = make_spec("w", {1, 4, 4});
+  PendingRegistration reg(spec, 3);
+  reg.add(0, spec, {{0, 10}}, {{0, 16}});
+  reg.add(1, spec, {}, {{0, 16}});  // pushes nothing, only wants the update
+  EXPECT_TRUE(reg.add(2, spec, {{10, 16}}, {}));
+  const auto layout = reg.finish();
+  EXPECT_EQ(layout.contributors, 1);
+  EXPECT_TRUE(layout.ranks[1].push.empty());
+}
+
+TEST(Registration, DataParallelTwoContributorsPerElement) {
+  const auto spec = make_spec("w", {2, 3, 4});  // 24 elements
+  PendingRegistration reg(spec, 2);
+  reg.add(0, spec, {{0, 24}}, {{0, 24}});
+  EXPECT_TRUE(reg.add(1, spec, {{0, 24}}, {{0, 24}}));
+  EXPECT_EQ(reg.finish().contributors, 2);
+}
+
+TEST(Registration, NonUniformCoverageRefused) {
+  const auto spec = make_spec("w", {1, 4, 5});  // 20 elements
+  PendingRegistration reg(spec, 2);
+  reg.add(0, spec, {{0, 20}}, {});
+  reg.add(1, spec, {{0, 8}}, {});
+  expect_throw_with<InvalidArgument>(
+      [&] { reg.finish(); },
+      {"'w'", "elements [0, 8) have 2 contributors", "elements [8, 20) have 1 contributor"});
+}
+
+TEST(Registration, UncoveredElementRefused) {
+  const auto spec = make_spec("w", {1, 4, 5});
+  PendingRegistration reg(spec, 2);
+  reg.add(0, spec, {{0, 7}}, {});
+  reg.add(1, spec, {{9, 20}}, {});
+  expect_throw_with<InvalidArgument>([&] { reg.finish(); },
+                                     {"'w'", "elements [7, 9) have no contributor"});
+}
+
+TEST(Registration, OverlapWithinRankRefusedAndStateKept) {
+  const auto spec = make_spec("w", {1, 4, 5});
+  PendingRegistration reg(spec, 2);
+  reg.add(0, spec, {{0, 10}}, {});
+  // Replacing rank 0's registration with a bad one throws and keeps the old one.
+  expect_throw_with<InvalidArgument>(
+      [&] {
+        reg.add(0, spec, {{0, 10}, {5, 20}}, {});
+      },
+      {"'w'", "rank 0", "push ranges [0, 10) and [5, 20) overlap"});
+  expect_throw_with<InvalidArgument>(
+      [&] {
+        reg.add(1, spec, {{10, 20}}, {{3, 8}, {0, 4}});
+      },
+      {"rank 1", "want ranges [0, 4) and [3, 8) overlap"});
+  EXPECT_EQ(reg.missing_ranks(), (std::vector<int>{1}));
+  EXPECT_TRUE(reg.add(1, spec, {{10, 20}}, {}));
+  EXPECT_EQ(reg.finish().ranks[0].push[0].end, 10);
+  // A valid replacement takes effect.
+  reg.add(1, spec, {{0, 20}}, {});
+  EXPECT_THROW(reg.finish(), InvalidArgument);  // [0,10) now has 2, [10,20) has 1
+}
+
+TEST(Registration, OutOfRangeRefused) {
+  const auto spec = make_spec("w", {1, 4, 5});
+  PendingRegistration reg(spec, 2);
+  expect_throw_with<InvalidArgument>(
+      [&] {
+        reg.add(0, spec, {{15, 21}}, {});
+      },
+      {"'w'", "rank 0", "push range [15, 21)", "[0, 20)"});
+  expect_throw_with<InvalidArgument>(
+      [&] {
+        reg.add(0, spec, {{-1, 3}}, {});
+      },
+      {"push range [-1, 3)"});
+  expect_throw_with<InvalidArgument>(
+      [&] {
+        reg.add(0, spec, {{5, 3}}, {});
+      },
+      {"push range [5, 3)"});
+  expect_throw_with<InvalidArgument>(
+      [&] {
+        reg.add(0, spec, {}, {{0, 25}});
+      },
+      {"want range [0, 25)"});
+  expect_throw_with<InvalidArgument>([&] { reg.add(2, spec, {}, {}); }, {"rank 2"});
+  expect_throw_with<InvalidArgument>([&] { reg.add(-1, spec, {}, {}); }, {"rank -1"});
+  EXPECT_EQ(reg.missing_ranks(), (std::vector<int>{0, 1}));
+}
+
+TEST(Registration, SpecMismatchBetweenRanksRefused) {
+  const auto spec = make_spec("w", {1, 4, 5});
+  PendingRegistration reg(spec, 2);
+  reg.add(0, spec, {{0, 20}}, {});
+  auto other = spec;
+  other.shape.rows = 5;
+  other.shape.cols = 4;
+  expect_throw_with<InvalidArgument>(
+      [&] {
+        reg.add(1, other, {{0, 20}}, {});
+      },
+      {"'w'", "rank 1", "shape"});
+  other = spec;
+  other.options.momentum.mu = 0.9f;
+  expect_throw_with<InvalidArgument>(
+      [&] {
+        reg.add(1, other, {{0, 20}}, {});
+      },
+      {"'w'", "rank 1", "options"});
+  other = spec;
+  other.grad_dtype = DType::bf16;
+  expect_throw_with<InvalidArgument>([&] { reg.add(1, other, {{0, 20}}, {}); }, {"grad_dtype"});
+  EXPECT_EQ(reg.missing_ranks(), (std::vector<int>{1}));
+}
+
+TEST(Registration, MissingRanksAndIncompleteFinish) {
+  const auto spec = make_spec("w", {1, 4, 5});
+  PendingRegistration reg(spec, 4);
+  EXPECT_FALSE(reg.add(2, spec, {{0, 20}}, {}));
+  EXPECT_FALSE(reg.add(0, spec, {}, {}));
+  EXPECT_EQ(reg.missing_ranks(), (std::vector<int>{1, 3}));
+  expect_throw_with<InvalidArgument>([&] { reg.finish(); }, {"'w'", "missing ranks 1, 3"});
+  EXPECT_FALSE(reg.add(2, spec, {{0, 20}}, {}));  // re-registration does not complete anything
+  EXPECT_FALSE(reg.add(3, spec, {}, {}));
+  EXPECT_TRUE(reg.add(1, spec, {}, {}));
+  EXPECT_TRUE(reg.missing_ranks().empty());
+  EXPECT_EQ(reg.finish().contributors, 1);
+}
+
+TEST(Registration, InvalidSpecRefused) {
+  expect_throw_with<InvalidArgument>(
+      [] {
+        PendingRegistration(make_spec("w", {1, 0, 5}), 1);
+      },
+      {"'w'"});
+  expect_throw_with<InvalidArgument>(
+      [] {
+        PendingRegistration(make_spec("w", {1, 4, 5}), 0);
+      },
+      {"'w'", "world size"});
+  MuonOptions bad;
+  bad.orthogonalize.schedule = "no_such_schedule";
+  expect_throw_with<InvalidArgument>(
+      [&] {
+        PendingRegistration(make_spec("w", {1, 4, 5}, bad), 1);
+      },
+      {"'w'"});
+  bad = {};
+  bad.orthogonalize.row_splits = {1, 2};  // does not add up to 4 rows
+  expect_throw_with<InvalidArgument>(
+      [&] {
+        PendingRegistration(make_spec("w", {1, 4, 5}, bad), 1);
+      },
+      {"'w'"});
+  expect_throw_with<InvalidArgument>(
+      [] {
+        PendingRegistration(make_spec("w", {int64_t{1} << 30, 1 << 20, 1 << 20}), 1);
+      },
+      {"'w'"});
+}
+
+// ---------------------------------------------------------------------------------------------
+// StepReducer
+
+namespace {
+
+ParameterLayout layout_of(const ParameterSpec& spec,
+                          const std::vector<std::vector<Range>>& push_per_rank) {
+  PendingRegistration reg(spec, static_cast<int>(push_per_rank.size()));
+  for (size_t r = 0; r < push_per_rank.size(); ++r) {
+    reg.add(static_cast<int>(r), spec, push_per_rank[r], {});
+  }
+  return reg.finish();
+}
+
+}  // namespace
+
+TEST(StepReducer, SumIsInRankOrderNotArrivalOrder) {
+  // Every rank pushes every element (data parallel). Float addition is not associative:
+  // (1e8 + 1) - 1e8 == 0 but (1e8 - 1e8) + 1 == 1.
+  const auto layout = layout_of(make_spec("w", {1, 1, 4}), {{{0, 4}}, {{0, 4}}, {{0, 4}}});
+  const std::vector<std::vector<float>> v = {
+      {1e8f, -1e8f, -1e8f, 3.0f}, {1.0f, 1e8f, 1.0f, 1e-8f}, {-1e8f, 1.0f, 1e8f, -3.0f}};
+  StepReducer red(layout, 7);
+  EXPECT_EQ(red.missing_ranks(), (std::vector<int>{0, 1, 2}));
+  for (int r : {2, 0, 1}) {  // arrival order differs from rank order
+    EXPECT_FALSE(red.complete());
+    red.add(r, 0, v[r]);
+    red.commit(r);
+  }
+  ASSERT_TRUE(red.complete());
+  std::vector<float> grad(4, 123.0f);
+  red.reduce(grad.data());
+  for (size_t i = 0; i < 4; ++i) {
+    volatile float s01 = v[0][i] + v[1][i];  // volatile: no reassociation by the compiler
+    const float expected = s01 + v[2][i];
+    volatile float s20 = v[2][i] + v[0][i];
+    const float arrival = s20 + v[1][i];
+    EXPECT_EQ(std::memcmp(&grad[i], &expected, sizeof(float)), 0) << i;
+    EXPECT_NE(grad[i], arrival) << "test values do not depend on the order";
+  }
+  EXPECT_EQ(grad[0], 0.0f);  // (1e8 + 1) - 1e8; arrival order gives (-1e8 + 1e8) + 1 = 1
+  EXPECT_EQ(grad[1], 1.0f);  // (-1e8 + 1e8) + 1; arrival order gives (1 - 1e8) + 1e8 = 0
+  EXPECT_EQ(grad[2], 0.0f);  // (-1e8 + 1) + 1e8; arrival order gives (1e8 - 1e8) + 1 = 1
+  EXPECT_EQ(grad[3], 0.0f);  // (3 + 1e-8) - 3
+}
+
+TEST(StepReducer, SingleContributorGivesExactValues) {
+  const auto layout = layout_of(make_spec("w", {1, 2, 3}), {{{0, 6}}});
+  StepReducer red(layout, 0);
+  const std::vector<float> v = {-0.0f,
+                                0.0f,
+                                std::numeric_limits<float>::denorm_min(),
+                                -1.5f,
+                                std::numeric_limits<float>::max(),
+                                1e-30f};
+  red.add(0, 0, v);
+  red.commit(0);
+  std::vector<float> grad(6);
+  red.reduce(grad.data());
+  EXPECT_TRUE(bitwise_equal(grad, v));  // including the sign of zero
+}
+
+TEST(StepReducer, RepeatedPushesAccumulateInPushOrder) {
+  const auto layout = layout_of(make_spec("w", {1, 1, 4}), {{{0, 4}}});
+  StepReducer red(layout, 1);
+  red.add(0, 0, std::vector<float>{1e8f, 1.0f, 2.0f, 3.0f});
+  red.add(0, 0, std::vector<float>{1.0f, 1e8f, 2.0f, 3.0f});
+  red.add(0, 0, std::vector<float>{-1e8f, -1e8f, 2.0f, 3.0f});
+  red.commit(0);
+  std::vector<float> grad(4);
+  red.reduce(grad.data());
+  EXPECT_EQ(grad, (std::vector<float>{0.0f, 0.0f, 6.0f, 9.0f}));
+}
+
+namespace {
+
+// Reduces the same per-rank data (random, magnitudes 1e-8..1e8) cut into chunks of `chunk`
+// elements, chunks arriving shuffled by `seed`, ranks committing in `rank_order`.
+std::vector<float> reduce_chunked(const ParameterLayout& layout,
+                                  const std::vector<std::vector<float>>& full, int64_t chunk,
+                                  uint32_t seed, const std::vector<int>& rank_order) {
+  struct Piece {
+    int rank;
+    int64_t offset, count;
+  };
+  std::vector<Piece> pieces;
+  for (int r : rank_order) {
+    for (const auto& g : layout.ranks[r].push) {
+      for (int64_t o = g.begin; o < g.end; o += chunk) {
+        pieces.push_back({r, o, std::min(chunk, g.end - o)});
+      }
+    }
+  }
+  std::mt19937 rng(seed);
+  std::shuffle(pieces.begin(), pieces.end(), rng);
+  StepReducer red(layout, 3);
+  for (const auto& p : pieces) {
+    red.add(p.rank, p.offset,
+            std::span<const float>(full[p.rank].data() + p.offset, static_cast<size_t>(p.count)));
+  }
+  for (int r : rank_order) {
+    if (!layout.ranks[r].push.empty()) red.commit(r);
+  }
+  std::vector<float> grad(static_cast<size_t>(layout.spec.shape.numel()));
+  red.reduce(grad.data());
+  return grad;
+}
+
+}  // namespace
+
+TEST(StepReducer, BitwiseSameForAnyChunkingAndArrivalOrder) {
+  // 4 ranks: two data-parallel replicas, each split in uneven flat shards, plus one rank that
+  // pushes nothing. Every element has 2 contributors.
+  const auto spec = make_spec("w", {2, 7, 9});  // 126 elements
+  const auto layout =
+      layout_of(spec, {{{0, 50}, {100, 126}}, {{0, 61}}, {}, {{61, 126}}, {{50, 100}}});
+  ASSERT_EQ(layout.contributors, 2);
+  std::vector<std::vector<float>> full(5);
+  for (uint32_t r = 0; r < 5; ++r) full[r] = random_values(126, 100 + r, /*wide_magnitudes=*/true);
+
+  const auto reference = reduce_chunked(layout, full, 1000, 0, {0, 1, 2, 3, 4});
+  // The reference by hand: ascending rank order per element.
+  for (int64_t i = 0; i < 126; ++i) {
+    std::vector<float> contrib;
+    for (int r = 0; r < 5; ++r) {
+      for (const auto& g : layout.ranks[r].push) {
+        if (i >= g.begin && i < g.end) contrib.push_back(full[r][i]);
+      }
+    }
+    ASSERT_EQ(contrib.size(), 2u);
+    const float expected = contrib[0] + contrib[1];
+    EXPECT_EQ(std::memcmp(&reference[i], &expected, sizeof(float)), 0) << i;
+  }
+  const std::vector<std::vector<int>> orders = {{4, 3, 2, 1, 0}, {2, 0, 4, 1, 3}, {1, 3, 0, 4, 2}};
+  for (int64_t chunk : {1, 3, 7, 16, 50}) {
+    for (uint32_t seed : {1u, 2u, 3u}) {
+      for (const auto& order : orders) {
+        const auto got = reduce_chunked(layout, full, chunk, seed, order);
+        EXPECT_TRUE(bitwise_equal(got, reference)) << "chunk " << chunk << " seed " << seed;
+      }
+    }
+  }
+}
+
+TEST(StepReducer, ErrorsNameParameterStepAndRank) {
+  const auto layout = layout_of(make_spec("w", {1, 4, 5}), {{{0, 10}, {12, 20}}, {}, {{10, 12}}});
+  StepReducer red(layout, 42);
+  const std::vector<float> four(4, 1.0f);
+  expect_throw_with<InvalidArgument>([&] { red.add(1, 0, four); },
+                                     {"'w'", "step 42", "rank 1", "pushes nothing"});
+  expect_throw_with<InvalidArgument>([&] { red.add(0, 8, four); },
+                                     {"'w'", "step 42", "rank 0", "[8, 12)"});  // crosses a gap
+  expect_throw_with<InvalidArgument>([&] { red.add(0, 18, four); }, {"rank 0", "[18, 22)"});
+  expect_throw_with<InvalidArgument>([&] { red.add(0, -2, four); }, {"rank 0", "[-2, 2)"});
+  expect_throw_with<InvalidArgument>([&] { red.add(2, 10, four); }, {"rank 2", "[10, 14)"});
+  expect_throw_with<InvalidArgument>([&] { red.add(5, 0, four); }, {"rank 5"});
+  red.add(0, 0, four);
+  red.add(0, 6, four);  // [6, 10)
+  red.add(0, 12, four);
+  expect_throw_with<InvalidArgument>(
+      [&] { red.commit(0); }, {"'w'", "step 42", "rank 0", "elements [4, 6) were never pushed"});
+  red.add(0, 4, std::vector<float>(2, 1.0f));
+  expect_throw_with<InvalidArgument>([&] { red.commit(0); }, {"elements [16, 20)"});
+  red.add(0, 16, four);
+  red.commit(0);
+  expect_throw_with<InvalidArgument>([&] { red.commit(0); }, {"rank 0", "already committed"});
+  expect_throw_with<InvalidArgument>([&] { red.add(0, 0, four); }, {"rank 0", "already committed"});
+  expect_throw_with<InvalidArgument>([&] { red.commit(1); }, {"rank 1", "pushes nothing"});
+  EXPECT_FALSE(red.complete());
+  EXPECT_EQ(red.missing_ranks(), (std::vector<int>{2}));
+  std::vector<float> grad(20);
+  expect_throw_with<Error>([&] { red.reduce(grad.data()); }, {"'w'", "step 42", "missing ranks 2"});
+  expect_throw_with<InvalidArgument>([&] { red.commit(2); }, {"rank 2", "[10, 12)"});
+  red.add(2, 10, std::vector<float>(2, 5.0f));
+  red.commit(2);
+  EXPECT_TRUE(red.complete());
+  red.reduce(grad.data());
+  EXPECT_EQ(grad[11], 5.0f);
+  EXPECT_EQ(grad[19], 1.0f);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Snapshots
+
+namespace {
+
+class SnapshotTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("muon_snapshot_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+  // Writes a safetensors-shaped file by hand: u64 LE header length, header, data.
+  static void write_raw(const std::string& p, const std::string& header, size_t data_bytes) {
+    std::ofstream f(p, std::ios::binary);
+    for (int i = 0; i < 8; ++i) f.put(static_cast<char>(uint64_t{header.size()} >> (8 * i)));
+    f << header;
+    f << std::string(data_bytes, '\0');
+  }
+  static nlohmann::json valid_header() {
+    return {{"w", {{"dtype", "F32"}, {"shape", {2, 3}}, {"data_offsets", {0, 24}}}},
+            {"__metadata__",
+             {{"format", "muon-offload-momentum"},
+              {"version", "1"},
+              {"step:w", "5"},
+              {"options:w", transport::options_to_json({})}}}};
+  }
+
+  std::filesystem::path dir_;
+};
+
+std::vector<SnapshotEntry> sample_entries() {
+  SnapshotEntry a;
+  a.name = "layers.1.mlp";
+  a.shape = {3, 4};
+  a.last_step = 17;
+  a.options.momentum.convention = MomentumConvention::ema;
+  a.options.momentum.mu = 0.9f;
+  a.options.orthogonalize.row_splits = {1, 2};
+  a.options.orthogonalize.eps = 3.3e-7f;
+  a.momentum = random_values(12, 5, true);
+  a.momentum[0] = -0.0f;
+  a.momentum[1] = std::numeric_limits<float>::denorm_min();
+  a.momentum[2] = std::numeric_limits<float>::quiet_NaN();
+  SnapshotEntry b;
+  b.name = "experts";
+  b.shape = {2, 3, 5};
+  b.last_step = -1;
+  b.options.orthogonalize.schedule = "polar_express";
+  b.options.orthogonalize.extra_scale = 0.1;
+  b.momentum = random_values(30, 6);
+  SnapshotEntry c;
+  c.name = "attn.qkv";
+  c.shape = {6, 2};
+  c.last_step = int64_t{1} << 40;
+  c.momentum = random_values(12, 7);
+  return {a, b, c};  // not sorted by name
+}
+
+}  // namespace
+
+TEST_F(SnapshotTest, RoundTripIsBitwise) {
+  const auto entries = sample_entries();
+  const auto p = path("state.safetensors");
+  write_snapshot(p, entries);
+  const auto back = read_snapshot(p);
+  ASSERT_EQ(back.size(), 3u);
+  // Returned sorted by name.
+  EXPECT_EQ(back[0].name, "attn.qkv");
+  EXPECT_EQ(back[1].name, "experts");
+  EXPECT_EQ(back[2].name, "layers.1.mlp");
+  for (const auto& e : entries) {
+    auto it =
+        std::find_if(back.begin(), back.end(), [&](const auto& b) { return b.name == e.name; });
+    ASSERT_NE(it, back.end());
+    EXPECT_EQ(it->shape, e.shape);
+    EXPECT_EQ(it->last_step, e.last_step);
+    EXPECT_TRUE(same_options(it->options, e.options)) << e.name;
+    EXPECT_TRUE(bitwise_equal(it->momentum, e.momentum)) << e.name;
+  }
+  // Only the final file remains (the temporary one was renamed).
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir_),
+                          std::filesystem::directory_iterator()),
+            1);
+  // Overwriting replaces the file.
+  write_snapshot(p, {entries[1]});
+  EXPECT_EQ(read_snapshot(p).size(), 1u);
+  // Empty snapshot.
+  write_snapshot(p, {});
+  EXPECT_TRUE(read_snapshot(p).empty());
+}
+
+TEST_F(SnapshotTest, FileHasTheSafetensorsLayout) {
+  const auto entries = sample_entries();
+  const auto p = path("state.safetensors");
+  write_snapshot(p, entries);
+  std::ifstream f(p, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  ASSERT_GE(bytes.size(), 8u);
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t{static_cast<unsigned char>(bytes[i])} << (8 * i);
+  const auto header = nlohmann::json::parse(bytes.substr(8, n));
+  const std::string data = bytes.substr(8 + n);
+  EXPECT_EQ(data.size(), (12 + 30 + 12) * sizeof(float));
+  const auto& meta = header.at("__metadata__");
+  EXPECT_EQ(meta.at("format"), "muon-offload-momentum");
+  EXPECT_EQ(meta.at("version"), "1");
+  EXPECT_EQ(meta.at("step:layers.1.mlp"), "17");
+  EXPECT_EQ(meta.at("step:experts"), "-1");
+  EXPECT_TRUE(same_options(transport::options_from_json(meta.at("options:layers.1.mlp")),
+                           entries[0].options));
+  // Data in name order, offsets relative to the end of the header.
+  uint64_t expect = 0;
+  for (const char* name : {"attn.qkv", "experts", "layers.1.mlp"}) {
+    const auto& t = header.at(name);
+    EXPECT_EQ(t.at("dtype"), "F32");
+    const auto begin = t.at("data_offsets")[0].get<uint64_t>();
+    const auto end = t.at("data_offsets")[1].get<uint64_t>();
+    EXPECT_EQ(begin, expect) << name;
+    const auto& e = *std::find_if(entries.begin(), entries.end(),
+                                  [&](const auto& x) { return x.name == name; });
+    EXPECT_EQ(t.at("shape").get<std::vector<int64_t>>(), e.shape);
+    ASSERT_EQ(end - begin, e.momentum.size() * sizeof(float));
+    EXPECT_EQ(std::memcmp(data.data() + begin, e.momentum.data(), end - begin), 0) << name;
+    expect = end;
+  }
+}
+
+TEST_F(SnapshotTest, WriteErrorsNameThePath) {
+  const auto p = path("missing_dir/state.safetensors");
+  expect_throw_with<Error>([&] { write_snapshot(p, sample_entries()); },
+                           {p + ".tmp.", "No such file or directory"});
+  auto bad = sample_entries();
+  bad[0].momentum.pop_back();
+  expect_throw_with<InvalidArgument>([&] { write_snapshot(path("s"), bad); },
+                                     {"layers.1.mlp", "needs 12 values"});
+  bad = sample_entries();
+  bad[1].name = bad[0].name;
+  expect_throw_with<InvalidArgument>([&] { write_snapshot(path("s"), bad); }, {"duplicate"});
+  EXPECT_FALSE(std::filesystem::exists(path("s")));
+}
+
+TEST_F(SnapshotTest, MissingFile) {
+  const auto p = path("nope.safetensors");
+  expect_throw_with<InvalidArgument>([&] { read_snapshot(p); },
+                                     {p, "cannot open", "No such file or directory"});
+}
+
+TEST_F(SnapshotTest, TruncatedFile) {
+  const auto p = path("state.safetensors");
+  write_snapshot(p, sample_entries());
+  const auto size = std::filesystem::file_size(p);
+  std::filesystem::resize_file(p, size - 4);  // cut into the data
+  expect_throw_with<InvalidArgument>([&] { read_snapshot(p); }, {p, "truncated", "past the end"});
+  std::filesystem::resize_file(p, 100);  // cut into the header
+  expect_throw_with<InvalidArgument>([&] { read_snapshot(p); }, {p, "truncated", "header of"});
+  std::filesystem::resize_file(p, 5);  // cut into the length
+  expect_throw_with<InvalidArgument>([&] { read_snapshot(p); },
+                                     {p, "truncated", "8-byte header length"});
+}
+
+TEST_F(SnapshotTest, HeaderNotJson) {
+  const auto p = path("s");
+  write_raw(p, "{\"w\": {\"dtype\": ", 0);
+  expect_throw_with<InvalidArgument>([&] { read_snapshot(p); }, {p, "header is not valid JSON"});
+}
+
+TEST_F(SnapshotTest, DtypeOtherThanF32) {
+  const auto p = path("s");
+  auto h = valid_header();
+  h["w"]["dtype"] = "F16";
+  write_raw(p, h.dump(), 24);
+  expect_throw_with<InvalidArgument>([&] { read_snapshot(p); },
+                                     {p, "tensor 'w'", "dtype 'F16'", "only F32"});
+}
+
+TEST_F(SnapshotTest, OffsetsNotMatchingShape) {
+  const auto p = path("s");
+  auto h = valid_header();
+  h["w"]["data_offsets"] = {0, 20};
+  write_raw(p, h.dump(), 20);
+  expect_throw_with<InvalidArgument>(
+      [&] { read_snapshot(p); },
+      {p, "tensor 'w'", "data_offsets [0, 20)", "do not match shape [2, 3]"});
+  h["w"]["data_offsets"] = {24, 0};
+  write_raw(p, h.dump(), 24);
+  expect_throw_with<InvalidArgument>([&] { read_snapshot(p); }, {p, "do not match shape"});
+}
+
+TEST_F(SnapshotTest, OffsetsPastTheEnd) {
+  const auto p = path("s");
+  auto h = valid_header();
+  h["w"]["data_offsets"] = {24, 48};  // consistent with the shape, but only 24 bytes of data
+  write_raw(p, h.dump(), 24);
+  expect_throw_with<InvalidArgument>([&] { read_snapshot(p); },
+                                     {p, "tensor 'w'", "[24, 48)", "past the end"});
+}
+
+TEST_F(SnapshotTest, HolesOrTrailingBytesRefused) {
+  const auto p = path("s");
+  write_raw(p, valid_header().dump(), 28);
+  expect_throw_with<InvalidArgument>([&] { read_snapshot(p); }, {p, "4 bytes after"});
+  auto h = valid_header();
+  h["w"]["data_offsets"] = {4, 28};
+  write_raw(p, h.dump(), 28);
+  expect_throw_with<InvalidArgument>([&] { read_snapshot(p); }, {p, "non-contiguous"});
+}
+
+TEST_F(SnapshotTest, MissingFormatTag) {
+  const auto p = path("s");
+  auto h = valid_header();
+  h["__metadata__"].erase("format");
+  write_raw(p, h.dump(), 24);
+  expect_throw_with<InvalidArgument>([&] { read_snapshot(p); }, {p, "format tag"});
+  h["__metadata__"]["format"] = "pt";
+  write_raw(p, h.dump(), 24);
+  expect_throw_with<InvalidArgument>([&] { read_snapshot(p); }, {p, "format tag"});
+  h.erase("__metadata__");
+  write_raw(p, h.dump(), 24);
+  expect_throw_with<InvalidArgument>([&] { read_snapshot(p); }, {p, "format tag"});
+}
+
+TEST_F(SnapshotTest, MissingStep) {
+  const auto p = path("s");
+  auto h = valid_header();
+  h["__metadata__"].erase("step:w");
+  write_raw(p, h.dump(), 24);
+  expect_throw_with<InvalidArgument>([&] { read_snapshot(p); }, {p, "tensor 'w'", "missing step"});
+  h["__metadata__"]["step:w"] = "five";
+  write_raw(p, h.dump(), 24);
+  expect_throw_with<InvalidArgument>([&] { read_snapshot(p); }, {p, "not an integer"});
+  h = valid_header();
+  h["__metadata__"].erase("options:w");
+  write_raw(p, h.dump(), 24);
+  expect_throw_with<InvalidArgument>([&] { read_snapshot(p); }, {p, "missing options"});
+  write_raw(p, valid_header().dump(), 24);
+  EXPECT_EQ(read_snapshot(p).at(0).last_step, 5);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scheduler
+
+namespace {
+
+// A backend that records the batch count of each Newton-Schulz call and runs a trivial
+// per-slice map (x -> 2x); lets tests see how jobs were batched into backend calls.
+class RecordingBackend final : public Backend {
+ public:
+  std::string_view name() const override { return "recording"; }
+  Precision default_precision() const override { return Precision::fp32; }
+  std::vector<int64_t> counts;  // worker thread only; read after stop()
+
+ protected:
+  void newton_schulz_batch(float* x, int64_t count, int64_t rows, int64_t cols,
+                           const std::vector<NsCoefficients>&,
+                           const OrthogonalizeOptions&) override {
+    counts.push_back(count);
+    for (int64_t i = 0; i < count * rows * cols; ++i) x[i] *= 2.0f;
+  }
+};
+
+NsJob make_job(const std::string& name, MatrixShape shape, const MuonOptions& options,
+               std::vector<float>& momentum, uint32_t seed) {
+  NsJob j;
+  j.name = name;
+  j.step = 1;
+  j.shape = shape;
+  j.options = options;
+  j.grad = random_values(static_cast<size_t>(shape.numel()), seed);
+  j.momentum = momentum.data();
+  return j;
+}
+
+// Collects the batches handed to on_done.
+struct Collector {
+  std::mutex mu;
+  std::vector<std::vector<NsJob>> batches;
+  void operator()(std::vector<NsJob> b) {
+    std::lock_guard lock(mu);
+    batches.push_back(std::move(b));
+  }
+};
+
+}  // namespace
+
+TEST(Scheduler, QueuedJobsOfOneShapeAndOptionsRunAsOneBatch) {
+  auto backend = std::make_unique<RecordingBackend>();
+  auto* rec = backend.get();
+  std::promise<void> entered, release;
+  auto released = release.get_future().share();
+  std::vector<std::vector<std::string>> names;
+  bool first = true;
+  Scheduler sched(std::move(backend), [&](std::vector<NsJob> batch) {
+    std::vector<std::string> n;
+    for (const auto& j : batch) n.push_back(j.name);
+    names.push_back(n);
+    if (first) {  // block the worker until the test has queued the rest
+      first = false;
+      entered.set_value();
+      released.wait();
+    }
+  });
+  MuonOptions o;
+  MuonOptions o2 = o;
+  o2.momentum.mu = 0.5f;
+  std::vector<std::vector<float>> mom(7, std::vector<float>(64, 0.0f));
+  sched.submit(make_job("a", {1, 4, 8}, o, mom[0], 1));
+  entered.get_future().wait();
+  sched.submit(make_job("b", {1, 4, 8}, o, mom[1], 2));
+  sched.submit(make_job("e", {1, 8, 4}, o, mom[2], 3));   // other shape
+  sched.submit(make_job("c", {2, 4, 8}, o, mom[3], 4));   // same rows/cols, batch 2
+  sched.submit(make_job("f", {1, 4, 8}, o2, mom[4], 5));  // other options
+  sched.submit(make_job("d", {1, 4, 8}, o, mom[5], 6));
+  EXPECT_EQ(sched.queued(), 5u);
+  release.set_value();
+  sched.stop();
+  EXPECT_EQ(sched.queued(), 0u);
+  const std::vector<std::vector<std::string>> expected = {{"a"}, {"b", "c", "d"}, {"e"}, {"f"}};
+  EXPECT_EQ(names, expected);
+  // One backend call for b, c, d: 1 + 2 + 1 matrices.
+  EXPECT_EQ(rec->counts, (std::vector<int64_t>{1, 4, 1, 1}));
+  sched.stop();  // idempotent
+  EXPECT_THROW(sched.submit(make_job("late", {1, 4, 8}, o, mom[6], 7)), Error);
+}
+
+namespace {
+
+// Runs `jobs` through a scheduler, all queued while the worker is blocked so that jobs of equal
+// shape and options are batched. Returns the jobs back, in submission order.
+std::vector<NsJob> run_batched(std::vector<NsJob> jobs) {
+  std::promise<void> entered, release;
+  auto released = release.get_future().share();
+  Collector out;
+  bool first = true;
+  Scheduler sched(make_backend("cpu"), [&](std::vector<NsJob> batch) {
+    if (first) {
+      first = false;
+      entered.set_value();
+      released.wait();
+      return;  // the blocker job
+    }
+    out(std::move(batch));
+  });
+  // A blocker of a shape no test job has.
+  std::vector<float> blocker_momentum(6, 0.0f);
+  sched.submit(make_job("blocker", {1, 2, 3}, MuonOptions{}, blocker_momentum, 0));
+  entered.get_future().wait();
+  const size_t n = jobs.size();
+  for (auto& j : jobs) sched.submit(std::move(j));
+  release.set_value();
+  sched.stop();
+  std::vector<NsJob> flat;
+  for (auto& b : out.batches) {
+    for (auto& j : b) flat.push_back(std::move(j));
+  }
+  EXPECT_EQ(flat.size(), n);
+  std::stable_sort(flat.begin(), flat.end(),
+                   [](const NsJob& a, const NsJob& b) { return a.step < b.step; });
+  return flat;
+}
+
+}  // namespace
+
+TEST(Scheduler, BatchedIsBitwiseEqualToUnbatched) {
+  MuonOptions sum;  // sum + Nesterov, keller
+  MuonOptions ema;
+  ema.momentum.convention = MomentumConvention::ema;
+  ema.orthogonalize.row_splits = {4, 8, 4};  // fused QKV: 16 rows
+  ema.orthogonalize.algorithm = NsAlgorithm::syrk;
+  MuonOptions none;
+  none.momentum.convention = MomentumConvention::none;
+  struct Case {
+    MatrixShape shape;
+    MuonOptions options;
+  };
+  const std::vector<Case> cases = {{{1, 16, 24}, sum}, {{2, 16, 24}, sum},  {{1, 16, 24}, ema},
+                                   {{3, 16, 24}, ema}, {{1, 16, 24}, sum},  {{1, 40, 12}, sum},
+                                   {{2, 40, 12}, sum}, {{1, 16, 24}, none}, {{2, 16, 24}, none}};
+  auto reference = make_backend("cpu");
+  std::vector<std::vector<float>> mom_batched, mom_alone;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const auto n = static_cast<size_t>(cases[i].shape.numel());
+    mom_batched.push_back(random_values(n, 1000 + i));
+    mom_alone.push_back(mom_batched.back());
+  }
+  for (int step = 0; step < 2; ++step) {
+    std::vector<NsJob> jobs;
+    for (size_t i = 0; i < cases.size(); ++i) {
+      auto j = make_job("p" + std::to_string(i), cases[i].shape, cases[i].options, mom_batched[i],
+                        static_cast<uint32_t>(10 * step + i));
+      j.step = static_cast<int64_t>(i);  // run_batched restores submission order by step
+      if (cases[i].options.momentum.convention == MomentumConvention::none) j.momentum = nullptr;
+      jobs.push_back(std::move(j));
+    }
+    std::vector<std::vector<float>> grads;
+    for (const auto& j : jobs) grads.push_back(j.grad);
+    const auto done = run_batched(std::move(jobs));
+    for (size_t i = 0; i < cases.size(); ++i) {
+      SCOPED_TRACE("case " + std::to_string(i) + " step " + std::to_string(step));
+      ASSERT_TRUE(done[i].error.empty()) << done[i].error;
+      EXPECT_TRUE(done[i].applied);
+      std::vector<float> update(grads[i].size());
+      const bool none_conv = cases[i].options.momentum.convention == MomentumConvention::none;
+      ASSERT_TRUE(reference->muon_update("alone", cases[i].shape, grads[i].data(),
+                                         none_conv ? nullptr : mom_alone[i].data(), update.data(),
+                                         cases[i].options));
+      EXPECT_TRUE(bitwise_equal(done[i].update, update));
+      EXPECT_TRUE(bitwise_equal(mom_batched[i], mom_alone[i]));
+    }
+  }
+}
+
+TEST(Scheduler, OneNonFiniteJobInABatchFailsAlone) {
+  auto reference = make_backend("cpu");
+  for (const auto policy : {NonFinitePolicy::error, NonFinitePolicy::skip}) {
+    SCOPED_TRACE(policy == NonFinitePolicy::error ? "error" : "skip");
+    MuonOptions o;
+    o.orthogonalize.nonfinite = policy;
+    const MatrixShape shape{1, 8, 12};
+    std::vector<std::vector<float>> mom(3), mom_before(3);
+    std::vector<NsJob> jobs;
+    for (int i = 0; i < 3; ++i) {
+      mom[i] = random_values(96, 50 + i);
+      mom_before[i] = mom[i];
+      jobs.push_back(make_job("p" + std::to_string(i), shape, o, mom[i], 60 + i));
+      jobs.back().step = i;
+    }
+    jobs[1].grad[17] = std::numeric_limits<float>::quiet_NaN();
+    std::vector<std::vector<float>> grads;
+    for (const auto& j : jobs) grads.push_back(j.grad);
+    const auto done = run_batched(std::move(jobs));
+    // The bad job: refused (error) or a zero update (skip); its momentum untouched either way.
+    EXPECT_TRUE(bitwise_equal(mom[1], mom_before[1]));
+    EXPECT_FALSE(done[1].applied);
+    if (policy == NonFinitePolicy::error) {
+      EXPECT_EQ(done[1].error_code, "non_finite");
+      EXPECT_CONTAINS(done[1].error, "'p1'");
+      EXPECT_TRUE(done[1].update.empty());
+    } else {
+      EXPECT_TRUE(done[1].error.empty());
+      EXPECT_EQ(done[1].update, std::vector<float>(96, 0.0f));
+    }
+    // The others: applied, bitwise what they give alone.
+    for (int i : {0, 2}) {
+      EXPECT_TRUE(done[i].error.empty()) << done[i].error;
+      EXPECT_TRUE(done[i].applied);
+      std::vector<float> update(96);
+      reference->muon_update("alone", shape, grads[i].data(), mom_before[i].data(), update.data(),
+                             o);
+      EXPECT_TRUE(bitwise_equal(done[i].update, update));
+      EXPECT_TRUE(bitwise_equal(mom[i], mom_before[i]));  // mom_before stepped by the reference
+    }
+  }
+}
+
+TEST(Scheduler, BackendRefusalLeavesMomentumUntouched) {
+  // bf16 products are CUDA-only: the CPU backend throws after the momentum step, inside
+  // Newton-Schulz. The batched call fails, each job is retried alone and refused.
+  MuonOptions bf16;
+  bf16.orthogonalize.precision = Precision::bf16;
+  const MatrixShape shape{1, 4, 6};
+  std::vector<std::vector<float>> mom(2, random_values(24, 9)), before = mom;
+  std::vector<NsJob> jobs;
+  for (int i = 0; i < 2; ++i) {
+    jobs.push_back(make_job("q" + std::to_string(i), shape, bf16, mom[i], 70 + i));
+    jobs.back().step = i;
+  }
+  // A wrong gradient size and a missing momentum, refused without a backend call.
+  std::vector<float> m3(24, 0.0f), m4(24, 0.0f);
+  jobs.push_back(make_job("short", shape, MuonOptions{}, m3, 80));
+  jobs.back().grad.resize(23);
+  jobs.back().step = 2;
+  jobs.push_back(make_job("nomom", shape, MuonOptions{}, m4, 81));
+  jobs.back().momentum = nullptr;
+  jobs.back().step = 3;
+  const auto done = run_batched(std::move(jobs));
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(done[i].error_code, "bad_request") << done[i].error;
+    EXPECT_CONTAINS(done[i].error, "bf16");
+    EXPECT_FALSE(done[i].applied);
+    EXPECT_TRUE(bitwise_equal(mom[i], before[i]));
+  }
+  EXPECT_EQ(done[2].error_code, "bad_request");
+  EXPECT_CONTAINS(done[2].error, "'short'");
+  EXPECT_EQ(m3, std::vector<float>(24, 0.0f));
+  EXPECT_EQ(done[3].error_code, "bad_request");
+  EXPECT_CONTAINS(done[3].error, "'nomom'");
+}
+
+TEST(Scheduler, StopDrainsTheQueue) {
+  std::atomic<int> finished{0};
+  std::vector<std::vector<float>> mom(20, std::vector<float>(32, 0.0f));
+  {
+    Scheduler sched(make_backend("cpu"), [&](std::vector<NsJob> batch) {
+      for (const auto& j : batch) {
+        EXPECT_TRUE(j.error.empty()) << j.error;
+        finished += 1;
+      }
+    });
+    for (int i = 0; i < 20; ++i) {
+      sched.submit(make_job("p" + std::to_string(i), {1, 4, 8}, MuonOptions{}, mom[i], i));
+    }
+  }  // the destructor stops after the submitted jobs
+  EXPECT_EQ(finished.load(), 20);
+}

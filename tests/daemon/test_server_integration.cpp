@@ -1,0 +1,425 @@
+// muon-offloadd end to end with real processes: a real server on a Unix socket, real client
+// processes on shared memory. Updates are compared bitwise with the same kernels run in process
+// on the reduced gradient.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include "transport/asio.hpp"
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "process.hpp"
+#include "scenario.hpp"
+#include "transport/frame.hpp"
+#include "transport/messages.hpp"
+
+using namespace muon;
+using namespace muon::testing;
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+namespace {
+
+const int kThreads = 1;  // server and reference must agree on OpenBLAS threads for bitwise
+
+fs::path temp_dir() {
+  char tmpl[] = "/tmp/muon-it-XXXXXX";
+  const char* d = mkdtemp(tmpl);
+  if (!d) throw std::runtime_error("mkdtemp failed");
+  return d;
+}
+
+// One muon-offloadd process.
+class ServerProcess {
+ public:
+  ServerProcess(const fs::path& dir, std::vector<std::string> extra = {},
+                const std::string& name = "s")
+      : socket_((dir / (name + ".sock")).string()) {
+    std::vector<std::string> argv = {
+        MUON_OFFLOADD, "--socket", socket_,      "--threads", std::to_string(kThreads),
+        "--log-level", "warn",     "--slot-kib", "64"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    pid_ = spawn(argv);
+    wait_healthy();
+  }
+  ~ServerProcess() {
+    if (pid_ > 0) {
+      kill(pid_, SIGTERM);
+      wait_exit(pid_, 10s);
+    }
+  }
+  void kill9() {
+    kill(pid_, SIGKILL);
+    wait_exit(pid_, 10s);
+    pid_ = -1;
+  }
+  std::optional<int> terminate() {
+    kill(pid_, SIGTERM);
+    auto rc = wait_exit(pid_, 20s);
+    pid_ = -1;
+    return rc;
+  }
+  const std::string& socket() const { return socket_; }
+  pid_t pid() const { return pid_; }
+
+  // Frames over a raw socket, for health checks and abuse tests.
+  static transport::Frame roundtrip(const std::string& socket,
+                                    const std::vector<std::byte>& bytes) {
+    boost::asio::io_context io;
+    boost::asio::local::stream_protocol::socket s(io);
+    s.connect(boost::asio::local::stream_protocol::endpoint(socket));
+    boost::asio::write(s, boost::asio::buffer(bytes));
+    transport::FrameDecoder dec;
+    std::array<std::byte, 4096> buf;
+    for (;;) {
+      const size_t n = s.read_some(boost::asio::buffer(buf));
+      dec.feed(buf.data(), n);
+      if (auto f = dec.next()) return *f;
+    }
+  }
+
+ private:
+  void wait_healthy() {
+    const auto end = std::chrono::steady_clock::now() + 20s;
+    for (;;) {
+      try {
+        auto f = roundtrip(socket_,
+                           transport::encode_frame(
+                               {static_cast<uint16_t>(transport::MessageType::health), 1, "{}"}));
+        if (f.type == static_cast<uint16_t>(transport::MessageType::health_ok)) return;
+      } catch (const std::exception&) {
+      }
+      if (std::chrono::steady_clock::now() > end || !alive(pid_)) {
+        throw std::runtime_error("muon-offloadd did not become healthy on " + socket_);
+      }
+      std::this_thread::sleep_for(20ms);
+    }
+  }
+  std::string socket_;
+  pid_t pid_ = -1;
+};
+
+struct ClientRun {
+  pid_t pid;
+  std::string out;
+};
+
+ClientRun start_client(const fs::path& dir, const std::vector<std::string>& sockets, int rank,
+                       int world, const std::string& mode, std::vector<std::string> extra = {}) {
+  ClientRun r;
+  r.out = (dir / ("rank" + std::to_string(rank) + "_" + std::to_string(::getpid()) + "_" +
+                  std::to_string(std::rand()) + ".bin"))
+              .string();
+  std::vector<std::string> argv = {MUON_TEST_CLIENT,
+                                   "--rank",
+                                   std::to_string(rank),
+                                   "--world",
+                                   std::to_string(world),
+                                   "--mode",
+                                   mode,
+                                   "--out",
+                                   r.out};
+  for (const auto& s : sockets) {
+    argv.push_back("--socket");
+    argv.push_back(s);
+  }
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  r.pid = spawn(argv);
+  return r;
+}
+
+// (step, param) -> values, as written by the test client.
+std::map<std::pair<int64_t, int64_t>, std::vector<float>> read_updates(const std::string& path) {
+  std::map<std::pair<int64_t, int64_t>, std::vector<float>> out;
+  std::ifstream f(path, std::ios::binary);
+  int64_t h[3];
+  while (f.read(reinterpret_cast<char*>(h), sizeof h)) {
+    std::vector<float> v(static_cast<size_t>(h[2]));
+    f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
+    out[{h[0], h[1]}] = std::move(v);
+  }
+  return out;
+}
+
+struct ErrFile {
+  std::string code;
+  int rank = -1;
+  std::string param, message;
+};
+
+ErrFile read_err(const std::string& out) {
+  ErrFile e;
+  std::ifstream f(out + ".err");
+  std::string rank;
+  std::getline(f, e.code);
+  std::getline(f, rank);
+  std::getline(f, e.param);
+  std::getline(f, e.message);
+  e.rank = rank.empty() ? -1 : std::stoi(rank);
+  return e;
+}
+
+void expect_bitwise(const std::string& out, const std::vector<std::vector<std::vector<float>>>& ref,
+                    int64_t first_step, int64_t steps, const std::string& what) {
+  const auto got = read_updates(out);
+  for (int64_t s = first_step; s < first_step + steps; ++s) {
+    for (size_t pi = 0; pi < ref[s].size(); ++pi) {
+      auto it = got.find({s, static_cast<int64_t>(pi)});
+      ASSERT_NE(it, got.end()) << what << ": no update for step " << s << " param " << pi;
+      ASSERT_EQ(it->second.size(), ref[s][pi].size());
+      EXPECT_EQ(std::memcmp(it->second.data(), ref[s][pi].data(), ref[s][pi].size() * 4), 0)
+          << what << ": step " << s << " param " << pi << " differs from the in-process kernels";
+    }
+  }
+}
+
+int count_segments_mapped(pid_t pid) {
+  std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
+  std::string line;
+  int n = 0;
+  while (std::getline(maps, line)) {
+    if (line.find("/dev/shm/muon-") != std::string::npos) {
+      ++n;
+      std::cerr << "still mapped: " << line << "\n";
+    }
+  }
+  return n;
+}
+
+struct EquivalenceCase {
+  int world;
+  std::string mode;
+};
+
+class Equivalence : public ::testing::TestWithParam<EquivalenceCase> {};
+
+}  // namespace
+
+TEST_P(Equivalence, UpdatesAreBitwiseEqualToInProcessKernels) {
+  const auto& c = GetParam();
+  const auto dir = temp_dir();
+  ServerProcess server(dir);
+  std::vector<ClientRun> runs;
+  for (int r = 0; r < c.world; ++r) {
+    runs.push_back(start_client(dir, {server.socket()}, r, c.world, c.mode, {"--steps", "3"}));
+  }
+  for (auto& run : runs) ASSERT_EQ(wait_exit(run.pid, 120s), 0) << read_err(run.out).message;
+  const auto ref = reference_updates(c.mode, c.world, 3, kThreads);
+  for (int r = 0; r < c.world; ++r)
+    expect_bitwise(runs[r].out, ref, 0, 3, "rank " + std::to_string(r));
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Sharding, Equivalence,
+    ::testing::Values(EquivalenceCase{1, "replicated"}, EquivalenceCase{2, "replicated"},
+                      EquivalenceCase{2, "rows"}, EquivalenceCase{2, "flat_uneven"},
+                      EquivalenceCase{2, "empty"}, EquivalenceCase{4, "rows"},
+                      EquivalenceCase{4, "flat_uneven"}, EquivalenceCase{4, "empty"},
+                      EquivalenceCase{4, "halves"}, EquivalenceCase{4, "replicated"}),
+    [](const auto& info) { return std::to_string(info.param.world) + "_" + info.param.mode; });
+
+TEST(ServerIntegration, SnapshotKillRestartIsBitwiseEqualToAnUninterruptedRun) {
+  const auto dir = temp_dir();
+  const std::string snap = (dir / "momentum.safetensors").string();
+  const int world = 2;
+  {
+    ServerProcess server(dir, {"--snapshot", snap});
+    auto r0 = start_client(dir, {server.socket()}, 0, world, "rows",
+                           {"--steps", "2", "--snapshot", snap});
+    auto r1 = start_client(dir, {server.socket()}, 1, world, "rows", {"--steps", "2"});
+    ASSERT_EQ(wait_exit(r0.pid, 60s), 0) << read_err(r0.out).message;
+    ASSERT_EQ(wait_exit(r1.pid, 60s), 0) << read_err(r1.out).message;
+    server.kill9();  // no final snapshot: the restart must rely on the one requested above
+  }
+  ASSERT_TRUE(fs::exists(snap));
+  ServerProcess restarted(dir, {"--restore", snap});
+  auto r0 = start_client(dir, {restarted.socket()}, 0, world, "rows",
+                         {"--start-step", "2", "--steps", "3"});
+  auto r1 = start_client(dir, {restarted.socket()}, 1, world, "rows",
+                         {"--start-step", "2", "--steps", "3"});
+  ASSERT_EQ(wait_exit(r0.pid, 60s), 0) << read_err(r0.out).message;
+  ASSERT_EQ(wait_exit(r1.pid, 60s), 0) << read_err(r1.out).message;
+  const auto ref = reference_updates("rows", world, 5, kThreads);
+  expect_bitwise(r0.out, ref, 2, 3, "rank 0 after restart");
+  expect_bitwise(r1.out, ref, 2, 3, "rank 1 after restart");
+  fs::remove_all(dir);
+}
+
+TEST(ServerIntegration, KilledClientGivesOthersAClearErrorAndLosesNothing) {
+  const auto dir = temp_dir();
+  ServerProcess server(dir, {"--step-timeout-ms", "20000"});
+  const int world = 2;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r0 = start_client(dir, {server.socket()}, 0, world, "rows", {"--steps", "2"});
+  auto r1 = start_client(dir, {server.socket()}, 1, world, "rows",
+                         {"--steps", "2", "--die-at-step", "1"});
+  EXPECT_EQ(wait_exit(r1.pid, 60s), 9);
+  EXPECT_EQ(wait_exit(r0.pid, 60s), 3);
+  // Well before the 20 s step timeout: the loss is noticed from the closed socket.
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+  const auto err = read_err(r0.out);
+  EXPECT_EQ(err.code, "peer_lost") << err.message;
+  EXPECT_EQ(err.rank, 1) << err.message;
+  EXPECT_NE(err.message.find("rank 1"), std::string::npos) << err.message;
+  // The server is still up and has unmapped the lost client's shared memory.
+  EXPECT_TRUE(alive(server.pid()));
+  std::this_thread::sleep_for(200ms);
+  EXPECT_EQ(count_segments_mapped(server.pid()), 0);
+  // Nothing of step 1 reached the momentum: rerunning step 1 (and 2) with both ranks gives the
+  // uninterrupted run's updates.
+  auto a0 =
+      start_client(dir, {server.socket()}, 0, world, "rows", {"--start-step", "1", "--steps", "2"});
+  auto a1 =
+      start_client(dir, {server.socket()}, 1, world, "rows", {"--start-step", "1", "--steps", "2"});
+  ASSERT_EQ(wait_exit(a0.pid, 60s), 0) << read_err(a0.out).message;
+  ASSERT_EQ(wait_exit(a1.pid, 60s), 0) << read_err(a1.out).message;
+  const auto ref = reference_updates("rows", world, 3, kThreads);
+  expect_bitwise(a0.out, ref, 1, 2, "rank 0 after the loss");
+  fs::remove_all(dir);
+}
+
+TEST(ServerIntegration, RankThatNeverPushesTimesOutWithItsName) {
+  const auto dir = temp_dir();
+  ServerProcess server(dir, {"--step-timeout-ms", "1000"});
+  auto r0 = start_client(dir, {server.socket()}, 0, 2, "rows", {"--steps", "1"});
+  auto r1 = start_client(dir, {server.socket()}, 1, 2, "rows",
+                         {"--steps", "1", "--skip-param", "blocks.0.mlp.w2"});
+  EXPECT_EQ(wait_exit(r0.pid, 30s), 3);
+  EXPECT_EQ(wait_exit(r1.pid, 30s), 3);
+  for (const auto& run : {r0, r1}) {
+    const auto err = read_err(run.out);
+    EXPECT_EQ(err.code, "timeout") << err.message;
+    EXPECT_EQ(err.param, "blocks.0.mlp.w2");
+    EXPECT_NE(err.message.find("ranks [1]"), std::string::npos) << err.message;
+  }
+  fs::remove_all(dir);
+}
+
+TEST(ServerIntegration, NanGradientIsRefusedNamingTheParameter) {
+  const auto dir = temp_dir();
+  ServerProcess server(dir);
+  auto r0 =
+      start_client(dir, {server.socket()}, 0, 2, "rows", {"--steps", "2", "--nan-at-step", "1"});
+  auto r1 = start_client(dir, {server.socket()}, 1, 2, "rows", {"--steps", "2"});
+  EXPECT_EQ(wait_exit(r0.pid, 30s), 3);
+  EXPECT_EQ(wait_exit(r1.pid, 30s), 3);
+  for (const auto& run : {r0, r1}) {
+    const auto err = read_err(run.out);
+    EXPECT_EQ(err.code, "non_finite") << err.message;
+    EXPECT_EQ(err.param, "blocks.0.mlp.w1");
+    EXPECT_NE(err.message.find("blocks.0.mlp.w1"), std::string::npos) << err.message;
+  }
+  // Step 0 went through untouched by the refusal.
+  const auto ref = reference_updates("rows", 2, 1, kThreads);
+  expect_bitwise(r0.out, ref, 0, 1, "rank 0 step 0");
+  fs::remove_all(dir);
+}
+
+TEST(ServerIntegration, TwoServersSideBySideOwnHalfTheParametersEach) {
+  const auto dir = temp_dir();
+  ServerProcess a(dir, {}, "a");
+  ServerProcess b(dir, {}, "b");
+  auto r0 = start_client(dir, {a.socket(), b.socket()}, 0, 2, "flat_uneven",
+                         {"--steps", "2", "--split-servers"});
+  auto r1 = start_client(dir, {a.socket(), b.socket()}, 1, 2, "flat_uneven",
+                         {"--steps", "2", "--split-servers"});
+  ASSERT_EQ(wait_exit(r0.pid, 60s), 0) << read_err(r0.out).message;
+  ASSERT_EQ(wait_exit(r1.pid, 60s), 0) << read_err(r1.out).message;
+  const auto ref = reference_updates("flat_uneven", 2, 2, kThreads);
+  expect_bitwise(r0.out, ref, 0, 2, "rank 0");
+  expect_bitwise(r1.out, ref, 0, 2, "rank 1");
+  fs::remove_all(dir);
+}
+
+TEST(ServerIntegration, MalformedFramesHurtOnlyTheirSender) {
+  const auto dir = temp_dir();
+  ServerProcess server(dir);
+  // A real job runs while abusive peers talk to the same server.
+  auto r0 = start_client(dir, {server.socket()}, 0, 1, "replicated", {"--steps", "3"});
+  using transport::MessageType;
+  auto frame = [](MessageType t, const std::string& payload) {
+    return transport::encode_frame({static_cast<uint16_t>(t), 7, payload});
+  };
+  auto expect_error = [&](const std::vector<std::byte>& bytes, const std::string& needle) {
+    auto f = ServerProcess::roundtrip(server.socket(), bytes);
+    ASSERT_EQ(f.type, static_cast<uint16_t>(MessageType::error));
+    auto e = transport::decode<transport::ErrorMsg>(f.payload);
+    EXPECT_NE(e.message.find(needle), std::string::npos) << e.message;
+  };
+  std::vector<std::byte> garbage(64, std::byte{0x41});
+  expect_error(garbage, "bad frame magic");
+  auto v2 = frame(MessageType::health, "{}");
+  v2[4] = std::byte{2};
+  expect_error(v2, "protocol version mismatch: peer speaks 2");
+  auto huge = frame(MessageType::health, "{}");
+  huge[8] = std::byte{0};
+  huge[9] = std::byte{0};
+  huge[10] = std::byte{0};
+  huge[11] = std::byte{0x10};  // 256 MiB
+  expect_error(huge, "exceeds the limit");
+  expect_error(frame(MessageType::push, R"({"name":"x","step":0,"offset":0,"count":1,"slot":0})"),
+               "before hello");
+  expect_error(frame(MessageType::hello, R"({"rank": 5, "world_size": 2})"), "'rank' = 5");
+  expect_error(frame(MessageType::hello, "{not json"), "not valid JSON");
+  expect_error(frame(static_cast<MessageType>(999), "{}"), "before hello");
+  ASSERT_EQ(wait_exit(r0.pid, 60s), 0) << read_err(r0.out).message;
+  expect_bitwise(r0.out, reference_updates("replicated", 1, 3, kThreads), 0, 3, "rank 0");
+  fs::remove_all(dir);
+}
+
+TEST(ServerIntegration, SocketIsPrivate) {
+  const auto dir = temp_dir();
+  const auto sock_dir = dir / "run";
+  ServerProcess server(sock_dir, {}, "private");
+  struct stat st {};
+  ASSERT_EQ(stat(server.socket().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  ASSERT_EQ(stat(sock_dir.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  fs::remove_all(dir);
+}
+
+TEST(ServerIntegration, SigtermWritesTheFinalSnapshotAndExitsCleanly) {
+  const auto dir = temp_dir();
+  const std::string snap = (dir / "final.safetensors").string();
+  ServerProcess server(dir, {"--snapshot", snap});
+  auto r0 = start_client(dir, {server.socket()}, 0, 1, "replicated", {"--steps", "2"});
+  ASSERT_EQ(wait_exit(r0.pid, 60s), 0) << read_err(r0.out).message;
+  EXPECT_EQ(server.terminate(), 0);
+  EXPECT_TRUE(fs::exists(snap));
+  EXPECT_FALSE(fs::exists(server.socket()));
+  fs::remove_all(dir);
+}
+
+TEST(ServerIntegration, SessionMemoryIsMappedWhileConnectedAndReclaimedAfter) {
+  const auto dir = temp_dir();
+  ServerProcess server(dir);
+  {
+    client::ClientConfig cfg;
+    cfg.servers = {server.socket()};
+    client::Client c(cfg);
+    EXPECT_EQ(c.health().ready, true);
+    EXPECT_EQ(count_segments_mapped(server.pid()), 1);  // the session's rings
+    // Nobody else can open it: the name was unlinked once both sides mapped it.
+    std::ifstream maps("/proc/" + std::to_string(server.pid()) + "/maps");
+    std::string line, name, mapped;
+    while (std::getline(maps, line)) {
+      if (auto at = line.find("/dev/shm/muon-"); at != std::string::npos) {
+        name = line.substr(at, line.find(' ', at) - at);
+        mapped = line;
+      }
+    }
+    ASSERT_FALSE(name.empty());
+    EXPECT_NE(mapped.find("(deleted)"), std::string::npos) << mapped;
+    EXPECT_FALSE(fs::exists(name)) << name;
+  }
+  for (int i = 0; i < 100 && count_segments_mapped(server.pid()) > 0; ++i) {
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_EQ(count_segments_mapped(server.pid()), 0);
+  fs::remove_all(dir);
+}
