@@ -8,6 +8,7 @@
 #include <new>
 #include <string>
 
+#include "cli/health_command.hpp"
 #include "cli/orthogonalize_command.hpp"
 #include "cli/schedules_command.hpp"
 #include "core/error.hpp"
@@ -35,6 +36,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   muon::cli::add_orthogonalize_command(app);
   muon::cli::add_schedules_command(app);
+  muon::cli::add_health_command(app);
 
   try {
     app.parse(argc, argv);
