@@ -306,7 +306,7 @@ void Connection::handle(transport::Frame f) {
         replies_[f.request_id].error = e;
         replies_[f.request_id].done = true;
       } else if (!e.param.empty()) {
-        params_[e.param].errors[e.step] = e;
+        params_[e.param].errors.emplace(e.step, e);  // the first error of a step is its cause
       } else {
         // Not about one parameter (shutdown, protocol): every waiter should see it.
         for (auto& [name, p] : params_) p.errors[-1] = e;

@@ -127,9 +127,12 @@ inline std::vector<float> reduced_gradient(const std::string& mode, int pi, cons
 
 /// Expected updates for steps [0, steps): updates[step][param] (all elements), using the CPU
 /// backend with `threads` OpenBLAS threads, the same as the server under test.
+/// From `resize_at_step` on, the job has `world_after` ranks (a restart at another size).
 inline std::vector<std::vector<std::vector<float>>> reference_updates(const std::string& mode,
                                                                       int world, int steps,
-                                                                      int threads) {
+                                                                      int threads,
+                                                                      int64_t resize_at_step = -1,
+                                                                      int world_after = 0) {
   BackendConfig bc;
   bc.cpu_threads = threads;
   auto backend = make_backend("cpu", bc);
@@ -140,7 +143,8 @@ inline std::vector<std::vector<std::vector<float>>> reference_updates(const std:
   for (int s = 0; s < steps; ++s) {
     for (size_t pi = 0; pi < params.size(); ++pi) {
       const auto& p = params[pi];
-      auto g = reduced_gradient(mode, static_cast<int>(pi), p, s, world);
+      const int w = resize_at_step >= 0 && s >= resize_at_step ? world_after : world;
+      auto g = reduced_gradient(mode, static_cast<int>(pi), p, s, w);
       std::vector<float> u(g.size());
       backend->muon_update(p.name, matrix_shape_from_dims(p.shape, p.name), g.data(),
                            momentum[pi].data(), u.data(), scenario_options(p));

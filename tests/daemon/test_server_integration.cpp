@@ -13,6 +13,7 @@
 
 #include "process.hpp"
 #include "scenario.hpp"
+#include "server_process.hpp"
 #include "transport/frame.hpp"
 #include "transport/messages.hpp"
 
@@ -22,85 +23,6 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
 namespace {
-
-const int kThreads = 1;  // server and reference must agree on OpenBLAS threads for bitwise
-
-fs::path temp_dir() {
-  char tmpl[] = "/tmp/muon-it-XXXXXX";
-  const char* d = mkdtemp(tmpl);
-  if (!d) throw std::runtime_error("mkdtemp failed");
-  return d;
-}
-
-// One muon-offloadd process.
-class ServerProcess {
- public:
-  ServerProcess(const fs::path& dir, std::vector<std::string> extra = {},
-                const std::string& name = "s")
-      : socket_((dir / (name + ".sock")).string()) {
-    std::vector<std::string> argv = {
-        MUON_OFFLOADD, "--socket", socket_,      "--threads", std::to_string(kThreads),
-        "--log-level", "warn",     "--slot-kib", "64"};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    pid_ = spawn(argv);
-    wait_healthy();
-  }
-  ~ServerProcess() {
-    if (pid_ > 0) {
-      kill(pid_, SIGTERM);
-      wait_exit(pid_, 10s);
-    }
-  }
-  void kill9() {
-    kill(pid_, SIGKILL);
-    wait_exit(pid_, 10s);
-    pid_ = -1;
-  }
-  std::optional<int> terminate() {
-    kill(pid_, SIGTERM);
-    auto rc = wait_exit(pid_, 20s);
-    pid_ = -1;
-    return rc;
-  }
-  const std::string& socket() const { return socket_; }
-  pid_t pid() const { return pid_; }
-
-  // Frames over a raw socket, for health checks and abuse tests.
-  static transport::Frame roundtrip(const std::string& socket,
-                                    const std::vector<std::byte>& bytes) {
-    boost::asio::io_context io;
-    boost::asio::local::stream_protocol::socket s(io);
-    s.connect(boost::asio::local::stream_protocol::endpoint(socket));
-    boost::asio::write(s, boost::asio::buffer(bytes));
-    transport::FrameDecoder dec;
-    std::array<std::byte, 4096> buf;
-    for (;;) {
-      const size_t n = s.read_some(boost::asio::buffer(buf));
-      dec.feed(buf.data(), n);
-      if (auto f = dec.next()) return *f;
-    }
-  }
-
- private:
-  void wait_healthy() {
-    const auto end = std::chrono::steady_clock::now() + 20s;
-    for (;;) {
-      try {
-        auto f = roundtrip(socket_,
-                           transport::encode_frame(
-                               {static_cast<uint16_t>(transport::MessageType::health), 1, "{}"}));
-        if (f.type == static_cast<uint16_t>(transport::MessageType::health_ok)) return;
-      } catch (const std::exception&) {
-      }
-      if (std::chrono::steady_clock::now() > end || !alive(pid_)) {
-        throw std::runtime_error("muon-offloadd did not become healthy on " + socket_);
-      }
-      std::this_thread::sleep_for(20ms);
-    }
-  }
-  std::string socket_;
-  pid_t pid_ = -1;
-};
 
 struct ClientRun {
   pid_t pid;
@@ -421,5 +343,31 @@ TEST(ServerIntegration, SessionMemoryIsMappedWhileConnectedAndReclaimedAfter) {
     std::this_thread::sleep_for(10ms);
   }
   EXPECT_EQ(count_segments_mapped(server.pid()), 0);
+  fs::remove_all(dir);
+}
+
+TEST(ServerIntegration, RestoreAtAnotherNumberOfRanks) {
+  // 2 ranks for steps 0-1, snapshot, kill; 4 ranks from the restored momentum for steps 2-4.
+  const auto dir = temp_dir();
+  const std::string snap = (dir / "momentum.safetensors").string();
+  {
+    ServerProcess server(dir, {"--snapshot", snap});
+    auto r0 =
+        start_client(dir, {server.socket()}, 0, 2, "rows", {"--steps", "2", "--snapshot", snap});
+    auto r1 = start_client(dir, {server.socket()}, 1, 2, "rows", {"--steps", "2"});
+    ASSERT_EQ(wait_exit(r0.pid, 60s), 0) << read_err(r0.out).message;
+    ASSERT_EQ(wait_exit(r1.pid, 60s), 0) << read_err(r1.out).message;
+    server.kill9();
+  }
+  ServerProcess restarted(dir, {"--restore", snap});
+  std::vector<ClientRun> runs;
+  for (int r = 0; r < 4; ++r) {
+    runs.push_back(start_client(dir, {restarted.socket()}, r, 4, "rows",
+                                {"--start-step", "2", "--steps", "3"}));
+  }
+  for (auto& run : runs) ASSERT_EQ(wait_exit(run.pid, 60s), 0) << read_err(run.out).message;
+  const auto ref =
+      reference_updates("rows", 2, 5, kThreads, /*resize_at_step=*/2, /*world_after=*/4);
+  for (int r = 0; r < 4; ++r) expect_bitwise(runs[r].out, ref, 2, 3, "rank " + std::to_string(r));
   fs::remove_all(dir);
 }

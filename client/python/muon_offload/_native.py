@@ -1,0 +1,171 @@
+"""ctypes bindings of the C ABI in client/muon_client.h (libmuon_offload_client.so).
+
+The library is found through, in order:
+  1. the environment variable ``MUON_OFFLOAD_LIB`` (path of the .so),
+  2. ``<repo>/build/client/libmuon_offload_client.so`` (what ``scripts/test.sh`` and
+     ``scripts/demo.sh`` build).
+
+Every C function returns 0 or a negative ``MUON_ERR_*`` code; :func:`check` turns a code into the
+matching Python exception carrying ``muon_last_error()`` (the message names the server, parameter,
+step and rank involved). ctypes releases the GIL during each call, so pushes and waits do not block
+other Python threads.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import pathlib
+import threading
+
+__all__ = [
+    "MuonOffloadError", "InvalidArgument", "ServerError", "ConnectionLost", "PeerLost",
+    "NonFiniteGradient", "Timeout", "lib", "check", "library_path",
+]
+
+MUON_OK = 0
+MUON_ERR_INVALID = -1
+MUON_ERR_SERVER = -2
+MUON_ERR_CONNECTION = -3
+MUON_ERR_TIMEOUT = -4
+MUON_ERR_NONFINITE = -5
+MUON_ERR_PEER_LOST = -6
+MUON_ERR_INTERNAL = -7
+
+
+class MuonOffloadError(RuntimeError):
+    """Base of every error raised by muon_offload. ``code`` is the C ABI's MUON_ERR_* code."""
+
+    def __init__(self, message: str, code: int = MUON_ERR_INTERNAL):
+        super().__init__(message)
+        self.code = code
+
+
+class InvalidArgument(MuonOffloadError, ValueError):
+    """A bad argument: shape, name, range or option (MUON_ERR_INVALID)."""
+
+
+class ServerError(MuonOffloadError):
+    """The server refused or failed a request, e.g. it refused a parameter (MUON_ERR_SERVER)."""
+
+
+class ConnectionLost(MuonOffloadError, ConnectionError):
+    """The server is unreachable, or the connection to it was lost: the server died, was
+    stopped, or restarted (MUON_ERR_CONNECTION)."""
+
+
+class PeerLost(ServerError):
+    """Another compute rank of the job was lost mid-step; the message names it
+    (MUON_ERR_PEER_LOST)."""
+
+
+class NonFiniteGradient(ServerError):
+    """A gradient held NaN or Inf; the server refused the step of the named parameter and left
+    its momentum untouched (MUON_ERR_NONFINITE)."""
+
+
+class Timeout(MuonOffloadError, TimeoutError):
+    """A wait ran past its timeout, e.g. a rank never committed its gradient
+    (MUON_ERR_TIMEOUT)."""
+
+
+_ERRORS = {
+    MUON_ERR_INVALID: InvalidArgument,
+    MUON_ERR_SERVER: ServerError,
+    MUON_ERR_CONNECTION: ConnectionLost,
+    MUON_ERR_TIMEOUT: Timeout,
+    MUON_ERR_NONFINITE: NonFiniteGradient,
+    MUON_ERR_PEER_LOST: PeerLost,
+    MUON_ERR_INTERNAL: MuonOffloadError,
+}
+
+_LIB_NAME = "libmuon_offload_client.so"
+
+
+def _repo_root() -> pathlib.Path:
+    # client/python/muon_offload/_native.py -> repository root
+    return pathlib.Path(__file__).resolve().parents[3]
+
+
+def library_path() -> str:
+    """Path of libmuon_offload_client.so (see the module docstring for the search order)."""
+    env = os.environ.get("MUON_OFFLOAD_LIB")
+    if env:
+        if not os.path.isfile(env):
+            raise MuonOffloadError(f"MUON_OFFLOAD_LIB={env} does not exist")
+        return env
+    candidate = _repo_root() / "build" / "client" / _LIB_NAME
+    if candidate.is_file():
+        return str(candidate)
+    raise MuonOffloadError(
+        f"{_LIB_NAME} not found: set MUON_OFFLOAD_LIB to its path, or build it into "
+        f"{_repo_root() / 'build'} with\n"
+        f"  cmake -S {_repo_root()} -B {_repo_root() / 'build'} && "
+        f"cmake --build {_repo_root() / 'build'} --target muon_offload_client muon-offloadd "
+        f"muon-offload\n(scripts/demo.sh and scripts/test.sh do this)")
+
+
+_lib = None
+_lib_lock = threading.Lock()
+
+c_int64_p = ctypes.POINTER(ctypes.c_int64)
+c_float_p = ctypes.POINTER(ctypes.c_float)
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    i, i64, vp, cp = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, ctypes.c_char_p
+    h = ctypes.c_void_p  # muon_client*
+    sigs = {
+        "muon_last_error": (cp, []),
+        "muon_client_create": (i, [ctypes.POINTER(cp), i, i, i, cp, i64, i64,
+                                   ctypes.POINTER(ctypes.c_void_p)]),
+        "muon_client_destroy": (None, [h]),
+        "muon_client_register": (i, [h, cp, c_int64_p, i, cp, cp, cp, c_int64_p, i, c_int64_p, i,
+                                     i]),
+        "muon_client_push": (i, [h, cp, i64, i64, vp, i64]),
+        "muon_client_commit": (i, [h, cp, i64]),
+        "muon_client_wait_update": (i, [h, cp, i64, vp, i64, ctypes.POINTER(i)]),
+        "muon_client_update_ready": (i, [h, cp, i64]),
+        "muon_client_fetch_momentum": (i, [h, cp, vp, i64, c_int64_p]),
+        "muon_client_load_momentum": (i, [h, cp, i64, vp, i64]),
+        "muon_client_snapshot": (i, [h, i, cp]),
+        "muon_client_reconnect": (i, [h]),
+        "muon_local_update": (i, [cp, c_int64_p, i, cp, vp, vp, vp, i]),
+    }
+    for name, (res, args) in sigs.items():
+        f = getattr(lib, name)
+        f.restype = res
+        f.argtypes = args
+
+
+def lib() -> ctypes.CDLL:
+    """The loaded library (loaded on first use)."""
+    global _lib
+    with _lib_lock:
+        if _lib is None:
+            path = library_path()
+            try:
+                loaded = ctypes.CDLL(path)
+            except OSError as e:
+                raise MuonOffloadError(f"cannot load {path}: {e}") from None
+            _declare(loaded)
+            _lib = loaded
+        return _lib
+
+
+def last_error() -> str:
+    return lib().muon_last_error().decode("utf-8", "replace")
+
+
+def check(rc: int, what: str = "") -> int:
+    """Returns rc when >= 0; raises the matching MuonOffloadError subclass otherwise."""
+    if rc >= 0:
+        return rc
+    msg = last_error() or f"error code {rc}"
+    if what:
+        msg = f"{what}: {msg}"
+    raise _ERRORS.get(rc, MuonOffloadError)(msg, rc)
+
+
+def int64_array(values) -> "ctypes.Array":
+    values = [int(v) for v in values]
+    return (ctypes.c_int64 * max(1, len(values)))(*values)

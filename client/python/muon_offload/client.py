@@ -1,0 +1,225 @@
+"""A Python client of muon-offloadd: a thin wrapper over the C ABI (client/muon_client.h).
+
+Buffers are NumPy arrays or torch tensors: contiguous, on the CPU, of the registered dtype
+(float32, or bfloat16 for a "bf16" gradient/update dtype). Nothing here imports torch.
+
+Typical step of compute rank r (what :class:`muon_offload.torch.OffloadMuon` does for you)::
+
+    c = Client(["/run/user/1000/muon-offload/muon-offloadd.sock"], rank=r, world_size=w)
+    c.register("blocks.0.mlp.w1", (512, 128), {"mu": 0.95}, push=[(0, 512*128)])
+    c.push("blocks.0.mlp.w1", step, 0, grad)      # as soon as autograd produced it
+    c.commit("blocks.0.mlp.w1", step)             # the server starts Newton-Schulz once all
+    applied = c.wait_update("blocks.0.mlp.w1", step, out)   # contributors committed
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import threading
+from typing import Iterable, Mapping, Optional, Sequence, Tuple
+
+from . import _native
+from ._native import check, int64_array
+
+Range = Tuple[int, int]
+
+_DTYPE_BYTES = {"f32": 4, "fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2}
+
+
+def _buffer(x, what: str) -> Tuple[int, int]:
+    """(address, bytes) of a contiguous CPU buffer (NumPy array or torch tensor)."""
+    if hasattr(x, "data_ptr"):  # torch.Tensor
+        if x.device.type != "cpu":
+            raise _native.InvalidArgument(f"{what}: tensor is on {x.device}, need a CPU tensor")
+        if not x.is_contiguous():
+            raise _native.InvalidArgument(f"{what}: tensor is not contiguous")
+        return x.data_ptr(), x.numel() * x.element_size()
+    if hasattr(x, "__array_interface__"):  # numpy
+        if not x.flags["C_CONTIGUOUS"]:
+            raise _native.InvalidArgument(f"{what}: array is not C-contiguous")
+        return x.ctypes.data, x.nbytes
+    raise _native.InvalidArgument(f"{what}: expected a NumPy array or a torch tensor, got "
+                                  f"{type(x).__name__}")
+
+
+def _flat_ranges(ranges: Optional[Iterable[Range]]) -> Tuple["ctypes.Array", int]:
+    flat = []
+    n = 0
+    for b, e in ranges or ():
+        flat += [int(b), int(e)]
+        n += 1
+    return int64_array(flat), n
+
+
+def options_json(options: Optional[Mapping]) -> bytes:
+    """Muon options as the C ABI's JSON object (fields of `muon-offload orthogonalize` plus
+    momentum, mu, nesterov; see client/muon_client.h). Missing fields take the defaults."""
+    return json.dumps(dict(options or {})).encode()
+
+
+class Client:
+    """One compute rank's connection to the job's servers (Unix socket paths).
+
+    Raises :class:`~muon_offload.ConnectionLost` naming the socket when a server is unreachable
+    within ``connect_timeout_ms``. Not thread-safe by itself; this wrapper serialises calls with
+    a lock so that autograd hooks on other threads may use it.
+    """
+
+    def __init__(self, servers: Sequence[str], rank: int = 0, world_size: int = 1,
+                 name: str = "", connect_timeout_ms: int = 10000, op_timeout_ms: int = 120000):
+        if isinstance(servers, str):
+            servers = [s for s in servers.split(",") if s]
+        servers = [str(s) for s in servers]
+        if not servers:
+            raise _native.InvalidArgument("no server socket given")
+        self.servers = servers
+        self.rank, self.world_size = int(rank), int(world_size)
+        self._lib = _native.lib()
+        arr = (ctypes.c_char_p * len(servers))(*[s.encode() for s in servers])
+        handle = ctypes.c_void_p()
+        self._mu = threading.RLock()
+        self._h = None
+        self._registered = {}
+        check(self._lib.muon_client_create(arr, len(servers), self.rank, self.world_size,
+                                           (name or f"rank {rank}").encode(),
+                                           int(connect_timeout_ms), int(op_timeout_ms),
+                                           ctypes.byref(handle)),
+              f"connecting rank {rank} to {', '.join(servers)}")
+        self._h = handle
+
+    # -- lifetime --------------------------------------------------------------------------
+    def close(self) -> None:
+        """Says goodbye to every server (an orderly disconnect, not a lost rank)."""
+        with self._mu:
+            if self._h is not None:
+                self._lib.muon_client_destroy(self._h)
+                self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def _handle(self):
+        if self._h is None:
+            raise _native.MuonOffloadError("client is closed")
+        return self._h
+
+    # -- parameters ------------------------------------------------------------------------
+    def register(self, name: str, shape: Sequence[int], options: Optional[Mapping] = None,
+                 push: Optional[Iterable[Range]] = None, want: Optional[Iterable[Range]] = None,
+                 server: int = 0, grad_dtype: str = "f32", update_dtype: str = "f32") -> None:
+        """Registers a parameter [rows, cols] or [batch, rows, cols] with server ``server`` and
+        waits until every rank of the job registered it. ``push``/``want`` are element ranges
+        [begin, end) over the flattened parameter (default: all elements)."""
+        numel = 1
+        for d in shape:
+            numel *= int(d)
+        push = [(0, numel)] if push is None else list(push)
+        want = [(0, numel)] if want is None else list(want)
+        dims = int64_array(shape)
+        p, n_push = _flat_ranges(push)
+        w, n_want = _flat_ranges(want)
+        with self._mu:
+            check(self._lib.muon_client_register(
+                self._handle(), name.encode(), dims, len(shape), grad_dtype.encode(),
+                update_dtype.encode(), options_json(options), p, n_push, w, n_want, int(server)),
+                f"registering '{name}'")
+        self._registered[name] = {
+            "shape": tuple(int(d) for d in shape), "numel": numel,
+            "want": sum(e - b for b, e in want),
+            "update_bytes": _DTYPE_BYTES.get(update_dtype, 4), "server": int(server)}
+
+    def push(self, name: str, step: int, offset: int, data, count: Optional[int] = None) -> None:
+        """Pushes ``count`` elements of ``data`` (grad dtype) at element ``offset``. Pushes of
+        the same elements within one step accumulate on the server."""
+        ptr, nbytes = _buffer(data, f"push '{name}'")
+        if count is None:
+            count = data.numel() if hasattr(data, "numel") and callable(data.numel) else data.size
+        with self._mu:
+            check(self._lib.muon_client_push(self._handle(), name.encode(), int(step), int(offset),
+                                              ctypes.c_void_p(ptr), int(count)),
+                  f"push of '{name}' step {step}")
+
+    def commit(self, name: str, step: int) -> None:
+        """Declares this rank's contribution to (name, step) complete."""
+        with self._mu:
+            check(self._lib.muon_client_commit(self._handle(), name.encode(), int(step)),
+                  f"commit of '{name}' step {step}")
+
+    def wait_update(self, name: str, step: int, out) -> bool:
+        """Waits for the update of (name, step) and writes the packed want ranges into ``out``.
+        Returns False when the server skipped the step (non-finite policy "skip": zeros)."""
+        ptr, nbytes = _buffer(out, f"update of '{name}'")
+        applied = ctypes.c_int(1)
+        with self._mu:
+            check(self._lib.muon_client_wait_update(self._handle(), name.encode(), int(step),
+                                                     ctypes.c_void_p(ptr), nbytes,
+                                                     ctypes.byref(applied)),
+                  f"update of '{name}' step {step}")
+        return bool(applied.value)
+
+    def update_ready(self, name: str, step: int) -> bool:
+        with self._mu:
+            return bool(check(self._lib.muon_client_update_ready(self._handle(), name.encode(),
+                                                                 int(step)),
+                              f"update of '{name}' step {step}"))
+
+    def fetch_momentum(self, name: str, out) -> int:
+        """Copies the server-held fp32 momentum (all elements) into ``out``; returns its last
+        applied step (-1: none)."""
+        ptr, nbytes = _buffer(out, f"momentum of '{name}'")
+        last = ctypes.c_int64(-1)
+        with self._mu:
+            check(self._lib.muon_client_fetch_momentum(self._handle(), name.encode(),
+                                                        ctypes.c_void_p(ptr), nbytes // 4,
+                                                        ctypes.byref(last)),
+                  f"fetching the momentum of '{name}'")
+        return int(last.value)
+
+    def load_momentum(self, name: str, step: int, values) -> None:
+        """Loads fp32 momentum (all elements) into the server; ``step`` is its last applied
+        step, so the next step pushed must be ``step + 1``."""
+        ptr, nbytes = _buffer(values, f"momentum of '{name}'")
+        with self._mu:
+            check(self._lib.muon_client_load_momentum(self._handle(), name.encode(), int(step),
+                                                       ctypes.c_void_p(ptr), nbytes // 4),
+                  f"loading the momentum of '{name}'")
+
+    def snapshot(self, server: int = 0, path: str = "") -> None:
+        """Asks server ``server`` to write a snapshot (empty path: its --snapshot path)."""
+        with self._mu:
+            check(self._lib.muon_client_snapshot(self._handle(), int(server), path.encode()),
+                  f"snapshot of server {server}")
+
+    def reconnect(self) -> None:
+        """Reconnects to every server and registers every parameter again (after a server
+        restarted, e.g. from its snapshot)."""
+        with self._mu:
+            check(self._lib.muon_client_reconnect(self._handle()),
+                  f"reconnecting to {', '.join(self.servers)}")
+
+
+def local_update(name: str, shape: Sequence[int], options: Optional[Mapping], grad, momentum,
+                 update, threads: int = 1) -> bool:
+    """In-process Muon with the server's CPU kernels (OpenBLAS with ``threads`` threads):
+    updates ``momentum`` (fp32, in place; None for momentum "none") and writes ``update``.
+    Returns False when the non-finite policy "skip" skipped the step. With the same thread
+    count as the server (``muon-offloadd --threads``) the update is bitwise the server's."""
+    lib = _native.lib()
+    g, _ = _buffer(grad, f"gradient of '{name}'")
+    u, _ = _buffer(update, f"update of '{name}'")
+    m = _buffer(momentum, f"momentum of '{name}'")[0] if momentum is not None else None
+    rc = check(lib.muon_local_update(name.encode(), int64_array(shape), len(shape),
+                                     options_json(options), ctypes.c_void_p(g),
+                                     ctypes.c_void_p(m) if m is not None else None,
+                                     ctypes.c_void_p(u), int(threads)),
+               f"local update of '{name}'")
+    return rc == 0

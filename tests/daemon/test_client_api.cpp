@@ -1,0 +1,302 @@
+// The C++ client API against a real muon-offloadd process: bad requests answered with errors that
+// name the parameter while the session lives on, momentum fetch/load, gradient accumulation,
+// bf16 on the wire, a server killed under a client (fail fast, reconnect, restore, go on
+// bitwise), and a restore at another number of ranks.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "client/client.hpp"
+#include "scenario.hpp"
+#include "server_process.hpp"
+#include "transport/bf16.hpp"
+
+using namespace muon;
+using namespace muon::testing;
+
+namespace {
+
+client::ParameterRegistration one_param(const std::string& name, std::vector<int64_t> shape,
+                                        transport::DType grad = transport::DType::f32,
+                                        transport::DType update = transport::DType::f32) {
+  client::ParameterRegistration r;
+  r.name = name;
+  r.shape = shape;
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  r.push = {{0, n}};
+  r.want = {{0, n}};
+  r.grad_dtype = grad;
+  r.update_dtype = update;
+  r.options.momentum.mu = 0.9f;
+  return r;
+}
+
+client::ClientConfig config_for(const std::string& socket) {
+  client::ClientConfig cfg;
+  cfg.servers = {socket};
+  cfg.op_timeout = std::chrono::milliseconds(20000);
+  return cfg;
+}
+
+std::vector<float> gradient(int64_t n, int64_t step) {
+  std::vector<float> g(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) g[i] = grad_value(0, step, 0, i);
+  return g;
+}
+
+// In-process reference: momentum and update per step with the CPU backend.
+struct Reference {
+  explicit Reference(const client::ParameterRegistration& r) : reg(r) {
+    BackendConfig bc;
+    bc.cpu_threads = kThreads;
+    backend = make_backend("cpu", bc);
+    shape = matrix_shape_from_dims(r.shape, r.name);
+    momentum.assign(static_cast<size_t>(shape.numel()), 0.0f);
+  }
+  std::vector<float> step(const std::vector<float>& g) {
+    std::vector<float> u(g.size());
+    backend->muon_update(reg.name, shape, g.data(), momentum.data(), u.data(), reg.options);
+    return u;
+  }
+  client::ParameterRegistration reg;
+  std::unique_ptr<Backend> backend;
+  MatrixShape shape;
+  std::vector<float> momentum;
+};
+
+std::vector<float> run_step(client::Client& c, const std::string& name, int64_t step,
+                            const std::vector<float>& g) {
+  c.push(name, step, 0, g.data(), static_cast<int64_t>(g.size()));
+  c.commit(name, step);
+  std::vector<float> u(g.size());
+  c.wait_update(name, step, u.data());
+  return u;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+}
+
+template <class F>
+void expect_server_error(F&& f, const std::string& code, const std::string& needle) {
+  try {
+    f();
+    FAIL() << "expected a ServerError " << code << " containing: " << needle;
+  } catch (const client::ServerError& e) {
+    EXPECT_EQ(e.code, code) << e.what();
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+
+TEST(ClientApi, BadRequestsNameTheParameterAndTheSessionLivesOn) {
+  const auto dir = temp_dir();
+  ServerProcess server(dir);
+  // The connection level, below Client's own checks, so the server's checks are what answer.
+  client::Connection conn(server.socket(), 0, 1, "api test", 5000ms, 20000ms);
+  auto reg = one_param("w", {16, 24});
+  const int64_t n = 16 * 24;
+  transport::RegisterParam m{reg.name,    reg.shape, reg.grad_dtype, reg.update_dtype,
+                             reg.options, reg.push,  reg.want};
+  conn.wait_register(conn.send_register(m), "w");
+  conn.expect_updates("w", reg.want, 4);
+  Reference ref(reg);
+  auto push = [&](const std::string& name, int64_t step, int64_t offset,
+                  const std::vector<float>& v) {
+    conn.push(name, step, offset, reinterpret_cast<const std::byte*>(v.data()),
+              static_cast<int64_t>(v.size()), 4, transport::ChunkKind::gradient);
+  };
+  std::vector<float> u(static_cast<size_t>(n));
+  auto wait = [&](const std::string& name, int64_t step) {
+    return conn.wait_update(name, step, reinterpret_cast<std::byte*>(u.data()));
+  };
+  const auto g0 = gradient(n, 0);
+  push("w", 0, 0, g0);
+  conn.commit("w", 0);
+  ASSERT_TRUE(wait("w", 0));
+  EXPECT_TRUE(same_bits(u, ref.step(g0)));
+
+  push("w", 1, n - 2, std::vector<float>(4, 1.0f));
+  expect_server_error([&] { wait("w", 1); }, "bad_request", "outside its 384 elements");
+  conn.expect_updates("nope", {{0, 4}}, 4);
+  push("nope", 0, 0, std::vector<float>(4, 1.0f));
+  expect_server_error([&] { wait("nope", 0); }, "bad_request", "unknown parameter 'nope'");
+  push("w", 5, 0, g0);
+  expect_server_error([&] { wait("w", 5); }, "bad_request", "step gap: got step 5, expected 1");
+  conn.commit("w", 2);
+  expect_server_error([&] { wait("w", 2); }, "bad_request", "commit of step 2 that has no data");
+  auto other = m;
+  other.shape = {24, 16};
+  expect_server_error([&] { conn.wait_register(conn.send_register(other), "w"); }, "bad_request",
+                      "already registered with another shape");
+
+  // None of that touched the momentum or the session: step 1 matches the reference.
+  const auto g1 = gradient(n, 1);
+  push("w", 1, 0, g1);
+  conn.commit("w", 1);
+  ASSERT_TRUE(wait("w", 1));
+  EXPECT_TRUE(same_bits(u, ref.step(g1)));
+  fs::remove_all(dir);
+}
+
+TEST(ClientApi, ReplayedStepIsRefusedAndALiveRankCannotConnectTwice) {
+  const auto dir = temp_dir();
+  ServerProcess server(dir);
+  auto reg = one_param("w", {8, 8});
+  {
+    client::Client c(config_for(server.socket()));
+    c.register_parameters({reg});
+    const auto g = gradient(64, 0);
+    run_step(c, "w", 0, g);
+    // While rank 0 is connected, another rank 0 is refused, naming the rank.
+    try {
+      client::Client twin(config_for(server.socket()));
+      FAIL() << "expected a refusal";
+    } catch (const client::ServerError& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 0 is already connected"), std::string::npos)
+          << e.what();
+    }
+  }
+  // A new session (after the first said goodbye) replays step 0: refused, naming the step.
+  client::Client c(config_for(server.socket()));
+  c.register_parameters({reg});
+  const auto g = gradient(64, 0);
+  c.push("w", 0, 0, g.data(), 64);
+  c.commit("w", 0);
+  std::vector<float> u(64);
+  expect_server_error([&] { c.wait_update("w", 0, u.data()); }, "bad_request",
+                      "step 0 was already applied (last applied step 0)");
+  fs::remove_all(dir);
+}
+
+TEST(ClientApi, NonFiniteGradientUnderSkipPolicyGivesZerosAndKeepsMomentum) {
+  const auto dir = temp_dir();
+  ServerProcess server(dir);
+  client::Client c(config_for(server.socket()));
+  auto reg = one_param("w", {8, 12});
+  reg.options.orthogonalize.nonfinite = NonFinitePolicy::skip;
+  c.register_parameters({reg});
+  Reference ref(reg);
+  auto g = gradient(96, 0);
+  g[5] = std::numeric_limits<float>::infinity();
+  c.push("w", 0, 0, g.data(), 96);
+  c.commit("w", 0);
+  std::vector<float> u(96, 1.0f);
+  EXPECT_FALSE(c.wait_update("w", 0, u.data()));
+  for (float v : u) ASSERT_EQ(v, 0.0f);
+  int64_t last = -2;
+  auto m = c.fetch_momentum("w", &last);
+  EXPECT_EQ(last, 0);
+  for (float v : m) ASSERT_EQ(v, 0.0f);  // untouched: still the initial zeros
+  const auto g1 = gradient(96, 1);
+  EXPECT_TRUE(same_bits(run_step(c, "w", 1, g1), ref.step(g1)));
+  fs::remove_all(dir);
+}
+
+TEST(ClientApi, MomentumFetchAndLoadCarryTheStateBitwise) {
+  const auto dir = temp_dir();
+  auto reg = one_param("layers.0.w", {20, 36});
+  Reference ref(reg);
+  std::vector<float> saved;
+  int64_t last = -1;
+  {
+    ServerProcess a(dir, {}, "a");
+    client::Client c(config_for(a.socket()));
+    c.register_parameters({reg});
+    for (int64_t s = 0; s < 2; ++s) {
+      const auto g = gradient(720, s);
+      EXPECT_TRUE(same_bits(run_step(c, reg.name, s, g), ref.step(g)));
+    }
+    saved = c.fetch_momentum(reg.name, &last);
+  }
+  EXPECT_EQ(last, 1);
+  EXPECT_TRUE(same_bits(saved, ref.momentum));
+  ServerProcess b(dir, {}, "b");
+  client::Client c(config_for(b.socket()));
+  c.register_parameters({reg});
+  c.load_momentum(reg.name, last, saved.data());
+  const auto g2 = gradient(720, 2);
+  EXPECT_TRUE(same_bits(run_step(c, reg.name, 2, g2), ref.step(g2)));
+  fs::remove_all(dir);
+}
+
+TEST(ClientApi, RepeatedPushesWithinAStepAccumulate) {
+  const auto dir = temp_dir();
+  ServerProcess server(dir);
+  client::Client c(config_for(server.socket()));
+  auto reg = one_param("w", {12, 20});
+  c.register_parameters({reg});
+  Reference ref(reg);
+  const auto g = gradient(240, 0);
+  // Two micro-batches of g/2 each (exact in fp32), cut into different chunks.
+  std::vector<float> half(g.size());
+  for (size_t i = 0; i < g.size(); ++i) half[i] = g[i] * 0.5f;
+  for (int64_t off = 0; off < 240; off += 50)
+    c.push("w", 0, off, half.data() + off, std::min<int64_t>(50, 240 - off));
+  for (int64_t off = 0; off < 240; off += 33)
+    c.push("w", 0, off, half.data() + off, std::min<int64_t>(33, 240 - off));
+  c.commit("w", 0);
+  std::vector<float> u(240);
+  ASSERT_TRUE(c.wait_update("w", 0, u.data()));
+  EXPECT_TRUE(same_bits(u, ref.step(g)));
+  fs::remove_all(dir);
+}
+
+TEST(ClientApi, Bf16GradientsAndUpdatesOnTheWire) {
+  const auto dir = temp_dir();
+  ServerProcess server(dir);
+  client::Client c(config_for(server.socket()));
+  auto reg = one_param("w", {16, 32}, transport::DType::bf16, transport::DType::bf16);
+  c.register_parameters({reg});
+  Reference ref(reg);
+  for (int64_t s = 0; s < 2; ++s) {
+    const auto g = gradient(512, s);
+    std::vector<uint16_t> gb(g.size());
+    std::vector<float> g_rounded(g.size());
+    for (size_t i = 0; i < g.size(); ++i) {
+      gb[i] = transport::f32_to_bf16(g[i]);
+      g_rounded[i] = transport::bf16_to_f32(gb[i]);
+    }
+    c.push("w", s, 0, gb.data(), 512);
+    c.commit("w", s);
+    std::vector<uint16_t> ub(512);
+    ASSERT_TRUE(c.wait_update("w", s, ub.data()));
+    const auto u = ref.step(g_rounded);
+    for (size_t i = 0; i < u.size(); ++i) ASSERT_EQ(ub[i], transport::f32_to_bf16(u[i])) << i;
+  }
+  fs::remove_all(dir);
+}
+
+TEST(ClientApi, ServerKilledFailsFastThenRestoreReconnectAndGoOnBitwise) {
+  const auto dir = temp_dir();
+  const std::string snap = (dir / "m.safetensors").string();
+  auto reg = one_param("w", {24, 40});
+  Reference ref(reg);
+  auto server = std::make_unique<ServerProcess>(dir, std::vector<std::string>{"--snapshot", snap});
+  client::Client c(config_for(server->socket()));
+  c.register_parameters({reg});
+  for (int64_t s = 0; s < 2; ++s) {
+    const auto g = gradient(960, s);
+    EXPECT_TRUE(same_bits(run_step(c, "w", s, g), ref.step(g)));
+  }
+  c.snapshot();
+  server->kill9();
+  const auto g2 = gradient(960, 2);
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    c.push("w", 2, 0, g2.data(), 960);
+    c.commit("w", 2);
+    std::vector<float> u(960);
+    c.wait_update("w", 2, u.data());
+    FAIL() << "expected ConnectionLost";
+  } catch (const client::ConnectionLost& e) {
+    EXPECT_NE(std::string(e.what()).find(server->socket()), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);  // fail fast, not at the op timeout
+  server = std::make_unique<ServerProcess>(dir, std::vector<std::string>{"--restore", snap});
+  c.reconnect();
+  EXPECT_TRUE(same_bits(run_step(c, "w", 2, g2), ref.step(g2)));
+  fs::remove_all(dir);
+}

@@ -1,0 +1,169 @@
+// Control-plane frames and messages: round trips, stream reassembly, and a clear error for each
+// kind of bad input.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "transport/bf16.hpp"
+#include "transport/frame.hpp"
+#include "transport/messages.hpp"
+
+using namespace muon;
+using namespace muon::transport;
+
+namespace {
+
+template <class F>
+void expect_protocol_error(F&& f, const std::string& needle) {
+  try {
+    f();
+    FAIL() << "expected ProtocolError containing: " << needle;
+  } catch (const ProtocolError& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+
+TEST(Frame, RoundTripAndReassemblyFromAnyCut) {
+  std::vector<Frame> frames = {{2, 1, R"({"rank":0,"world_size":1})"}, {4, 2, "{}"}, {8, 0, ""}};
+  std::vector<std::byte> stream;
+  for (const auto& f : frames) {
+    auto b = encode_frame(f);
+    stream.insert(stream.end(), b.begin(), b.end());
+  }
+  std::mt19937 rng(1);
+  for (int trial = 0; trial < 50; ++trial) {
+    FrameDecoder d;
+    std::vector<Frame> got;
+    for (size_t pos = 0; pos < stream.size();) {
+      const size_t n = std::min(stream.size() - pos, size_t{1} + rng() % 7);
+      d.feed(stream.data() + pos, n);
+      pos += n;
+      while (auto f = d.next()) got.push_back(*f);
+    }
+    ASSERT_EQ(got.size(), frames.size());
+    for (size_t i = 0; i < frames.size(); ++i) {
+      EXPECT_EQ(got[i].type, frames[i].type);
+      EXPECT_EQ(got[i].request_id, frames[i].request_id);
+      EXPECT_EQ(got[i].payload, frames[i].payload);
+    }
+    EXPECT_EQ(d.buffered(), 0u);
+  }
+}
+
+TEST(Frame, BadHeadersAreRefusedAndTheDecoderStaysFailed) {
+  auto good = encode_frame({4, 1, "{}"});
+  auto bad_magic = good;
+  bad_magic[0] = std::byte{'X'};
+  expect_protocol_error([&] { decode_frame_header(bad_magic.data()); }, "bad frame magic");
+  auto v9 = good;
+  v9[4] = std::byte{9};
+  expect_protocol_error([&] { decode_frame_header(v9.data()); },
+                        "protocol version mismatch: peer speaks 9, this build speaks 1");
+  auto big = good;
+  big[11] = std::byte{0x7f};
+  expect_protocol_error([&] { decode_frame_header(big.data()); }, "exceeds the limit");
+  expect_protocol_error(
+      [&] {
+        encode_frame({4, 1, std::string(kMaxPayload + 1, 'x')});
+      },
+      "exceeds the limit");
+  FrameDecoder d;
+  d.feed(bad_magic.data(), bad_magic.size());
+  expect_protocol_error([&] { d.next(); }, "bad frame magic");
+  expect_protocol_error([&] { d.feed(good.data(), good.size()); }, "already failed");
+}
+
+TEST(Messages, RegisterRoundTripKeepsEveryOption) {
+  RegisterParam m;
+  m.name = "layers.0.attn.qkv";
+  m.shape = {3072, 1024};
+  m.grad_dtype = DType::bf16;
+  m.update_dtype = DType::f32;
+  m.options.momentum = {MomentumConvention::ema, 0.9f, false};
+  m.options.orthogonalize.schedule = "polar_express";
+  m.options.orthogonalize.steps = 8;
+  m.options.orthogonalize.eps = 1e-6f;
+  m.options.orthogonalize.eps_mode = EpsMode::clamp;
+  m.options.orthogonalize.scale_rule = ScaleRule::match_adamw;
+  m.options.orthogonalize.extra_scale = 0.5;
+  m.options.orthogonalize.row_splits = {1024, 1024, 1024};
+  m.options.orthogonalize.algorithm = NsAlgorithm::syrk;
+  m.options.orthogonalize.precision = Precision::bf16;
+  m.options.orthogonalize.nonfinite = NonFinitePolicy::skip;
+  m.push = {{0, 100}, {200, 300}};
+  m.want = {{0, 3072 * 1024}};
+  const auto back = decode<RegisterParam>(encode(m));
+  EXPECT_EQ(encode(back), encode(m));
+  EXPECT_EQ(back.options.orthogonalize.row_splits, m.options.orthogonalize.row_splits);
+  EXPECT_EQ(back.options.momentum.convention, MomentumConvention::ema);
+  EXPECT_EQ(back.push[1].end, 300);
+}
+
+TEST(Messages, EachBadFieldIsNamed) {
+  expect_protocol_error([] { decode<Hello>("[1,2]"); }, "hello: payload must be a JSON object");
+  expect_protocol_error([] { decode<Hello>(R"({"rank":0})"); }, "missing field 'world_size'");
+  expect_protocol_error([] { decode<Hello>(R"({"rank":"0","world_size":2})"); },
+                        "field 'rank' must be an integer");
+  expect_protocol_error([] { decode<Hello>(R"({"rank":2,"world_size":2})"); },
+                        "field 'rank' = 2 is outside [0, 1]");
+  expect_protocol_error(
+      [] { decode<Push>(R"({"name":"w","step":-1,"offset":0,"count":1,"slot":0})"); },
+      "field 'step' = -1");
+  expect_protocol_error(
+      [] { decode<Push>(R"({"name":"w","step":0,"offset":0,"count":1,"slot":0,"kind":"x"})"); },
+      "field 'kind' must be 'gradient' or 'momentum'");
+  RegisterParam base;
+  base.name = "w";
+  base.shape = {4, 4};
+  base.push = {{0, 16}};
+  base.want = {{0, 16}};
+  auto with = [&](const std::string& key, const std::string& value) {
+    auto j = encode(base);
+    const auto at = j.find("\"" + key + "\":");
+    const auto start = at + key.size() + 3;
+    size_t end = start;
+    int depth = 0;
+    for (; end < j.size(); ++end) {
+      const char ch = j[end];
+      if (ch == '[' || ch == '{') ++depth;
+      if (ch == ']' || ch == '}') {
+        if (depth == 0) break;
+        --depth;
+      }
+      if (ch == ',' && depth == 0) break;
+    }
+    return j.substr(0, start) + value + j.substr(end);
+  };
+  expect_protocol_error([&] { decode<RegisterParam>(with("shape", "[16]")); },
+                        "a flat buffer without a matrix shape is refused");
+  expect_protocol_error([&] { decode<RegisterParam>(with("shape", "[4,0]")); },
+                        "must hold positive integers");
+  expect_protocol_error([&] { decode<RegisterParam>(with("push", "[[5,2]]")); },
+                        "invalid range [5, 2)");
+  expect_protocol_error([&] { decode<RegisterParam>(with("grad_dtype", "\"f16\"")); },
+                        "unknown dtype 'f16'");
+  expect_protocol_error([&] { decode<RegisterParam>(with("name", "\"\"")); },
+                        "'name' must not be empty");
+  // The scale rule is checked while decoding (the schedule name later, at registration).
+  auto bad_scale = with(
+      "options",
+      R"({"momentum":"sum","mu":0.95,"nesterov":true,"schedule":"keller","steps":0,"eps":1e-7,"eps_mode":"add","scale":"spectral","extra_scale":1,"row_splits":[],"algorithm":"plain","precision":"default","nonfinite":"error"})");
+  expect_protocol_error([&] { decode<RegisterParam>(bad_scale); }, "unknown scale rule 'spectral'");
+}
+
+TEST(Bf16, RoundsToNearestEvenAndKeepsSpecials) {
+  EXPECT_EQ(f32_to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(bf16_to_f32(0x3f80), 1.0f);
+  // 1 + 2^-8 is halfway between bf16 1.0 and 1.0078125: ties to even (1.0).
+  EXPECT_EQ(f32_to_bf16(1.0f + 1.0f / 256), 0x3f80);
+  // 1 + 3 * 2^-8 is halfway between 1.0078125 (odd) and 1.015625 (even): rounds up.
+  EXPECT_EQ(f32_to_bf16(1.0f + 3.0f / 256), 0x3f82);
+  EXPECT_EQ(f32_to_bf16(-0.0f), 0x8000);
+  EXPECT_EQ(f32_to_bf16(std::numeric_limits<float>::infinity()), 0x7f80);
+  const float nan = bf16_to_f32(f32_to_bf16(std::numeric_limits<float>::quiet_NaN()));
+  EXPECT_TRUE(std::isnan(nan));
+  // The largest finite float rounds to infinity in bf16, as torch does.
+  EXPECT_EQ(f32_to_bf16(std::numeric_limits<float>::max()), 0x7f80);
+}
