@@ -83,6 +83,10 @@ void Client::commit(const std::string& name, int64_t step) {
   owner(name).commit(name, step);
 }
 
+void Client::flush() {
+  for (auto& c : connections_) c->flush();
+}
+
 bool Client::wait_update(const std::string& name, int64_t step, void* dst) {
   return owner(name).wait_update(name, step, static_cast<std::byte*>(dst));
 }

@@ -59,6 +59,8 @@ class Client {
   void push(const std::string& name, int64_t step, int64_t offset, const void* data, int64_t count);
   /// Declares this rank's contribution to (name, step) complete.
   void commit(const std::string& name, int64_t step);
+  /// Waits until every server has taken all pushed data out of shared memory.
+  void flush();
   /// Waits for the update of (name, step) and copies the packed want ranges (update dtype) to
   /// dst. Returns false when the server skipped the step (non-finite policy skip; dst zeroed).
   bool wait_update(const std::string& name, int64_t step, void* dst);

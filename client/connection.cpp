@@ -177,6 +177,16 @@ void Connection::commit(const std::string& name, int64_t step) {
   send_frame(MessageType::commit, transport::encode(transport::Commit{name, step}));
 }
 
+void Connection::flush() {
+  std::unique_lock lk(mu_);
+  const bool ok = cv_.wait_until(lk, deadline(), [&] {
+    return std::find(tx_busy_.begin(), tx_busy_.end(), true) == tx_busy_.end() || !lost_.empty();
+  });
+  if (!lost_.empty()) throw_lost("flushing pushed data");
+  if (!ok)
+    throw Timeout("pushed data not consumed by '" + path_ + "' within " + ms_text(op_timeout_));
+}
+
 bool Connection::update_ready(const std::string& name, int64_t step) {
   std::lock_guard lk(mu_);
   auto it = params_.find(name);

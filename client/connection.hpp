@@ -50,6 +50,9 @@ class Connection {
             int64_t count, size_t elem_bytes, transport::ChunkKind kind);
   /// Sends a commit.
   void commit(const std::string& name, int64_t step);
+  /// Waits until the server has taken every pushed chunk out of shared memory (all tx slots
+  /// acknowledged). Throws ConnectionLost / Timeout.
+  void flush();
 
   /// Waits until the update of (name, step) is complete, then copies the packed want-range
   /// values (update dtype) to dst (want elements x update dtype bytes). Returns false when the

@@ -327,23 +327,27 @@ void Engine::on_push(const SessionPtr& s, const Frame& f) {
                             ", " + std::to_string(m.offset + m.count) + ") is outside its " +
                             std::to_string(spec.shape.numel()) + " elements");
     }
+    // fp32 is read straight from the shared-memory slot (no copy); bf16 is widened into a
+    // reused scratch buffer.
     const std::byte* src = s->segment->tx_slot(m.slot);
-    std::vector<float> values(static_cast<size_t>(m.count));
+    std::span<const float> values;
     if (dt == DType::f32) {
-      std::memcpy(values.data(), src, values.size() * 4);
+      values = {reinterpret_cast<const float*>(src), static_cast<size_t>(m.count)};
     } else {
-      for (size_t i = 0; i < values.size(); ++i) {
+      if (widen_.size() < static_cast<size_t>(m.count)) widen_.resize(static_cast<size_t>(m.count));
+      for (int64_t i = 0; i < m.count; ++i) {
         uint16_t h;
         std::memcpy(&h, src + 2 * i, 2);
-        values[i] = transport::bf16_to_f32(h);
+        widen_[i] = transport::bf16_to_f32(h);
       }
+      values = {widen_.data(), static_cast<size_t>(m.count)};
     }
     if (m.kind == transport::ChunkKind::momentum) {
       if (p.computing || p.reducer) {
         throw InvalidArgument("cannot load the momentum of '" + m.name +
                               "' while step is in progress");
       }
-      std::memcpy(p.momentum.data() + m.offset, values.data(), values.size() * 4);
+      std::memcpy(p.momentum.data() + m.offset, values.data(), values.size_bytes());
       p.last_step = m.step;
       return;
     }
@@ -378,7 +382,12 @@ void Engine::on_push(const SessionPtr& s, const Frame& f) {
           return;
         }
       }
-      p.reducer.emplace(*p.layout, m.step);
+      if (p.reducer_buffers) {
+        p.reducer_buffers->restart(m.step);
+      } else {
+        p.reducer_buffers.emplace(*p.layout, m.step);
+      }
+      p.reducer = &*p.reducer_buffers;
       arm_timer(m.name, p);
     }
     p.reducer->add(s->rank, m.offset, values);
@@ -412,9 +421,11 @@ void Engine::start_compute(const std::string& name, Param& p) {
   job.step = p.reducer->step();
   job.shape = p.layout->spec.shape;
   job.options = p.layout->spec.options;
+  job.grad = std::move(p.grad);  // warm buffers, handed back in finish_jobs
+  job.update = std::move(p.update);
   job.grad.resize(static_cast<size_t>(job.shape.numel()));
   p.reducer->reduce(job.grad.data());
-  p.reducer.reset();
+  p.reducer = nullptr;
   job.momentum =
       job.options.momentum.convention == MomentumConvention::none ? nullptr : p.momentum.data();
   p.computing = true;
@@ -431,9 +442,12 @@ void Engine::finish_jobs(std::vector<NsJob> jobs) {
     if (!job.error.empty()) {
       log()->warn("parameter '{}' step {}: {}", job.name, job.step, job.error);
       broadcast(p, {job.error_code, job.error, job.name, job.step, -1});
+      p.grad = std::move(job.grad);
       continue;
     }
     send_update(job.name, p, job);
+    p.grad = std::move(job.grad);
+    p.update = std::move(job.update);
   }
   if (!any_computing()) {
     auto waiters = std::move(snapshot_waiters_);
@@ -529,7 +543,7 @@ void Engine::drop_step(const std::string& name, Param& p, const ErrorMsg& error,
   log()->warn("{}", error.message);
   if (p.timer) p.timer->cancel();
   p.timer.reset();
-  p.reducer.reset();
+  p.reducer = nullptr;
   (void)name;
   broadcast(p, error, except_rank);
 }
@@ -556,13 +570,14 @@ void Engine::on_closed(const SessionPtr& s, const std::string& why) {
     const auto missing = p.reducer->missing_ranks();
     if (std::find(missing.begin(), missing.end(), rank) == missing.end()) continue;
     const int64_t step = p.reducer->step();
-    drop_step(name, p,
-              {"peer_lost",
-               "rank " + std::to_string(rank) + " (" + s->client_name + ") was lost (" + why +
-                   ") during step " + std::to_string(step) + " of '" + name +
-                   "'; partial step dropped, momentum untouched",
-               name, step, rank},
-              rank);
+    drop_step(
+        name, p,
+        {"peer_lost",
+         "rank " + std::to_string(rank) + " (" + s->client_name + ") " +
+             (why == "goodbye" ? "left (goodbye)" : "was lost (" + why + ")") + " during step " +
+             std::to_string(step) + " of '" + name + "'; partial step dropped, momentum untouched",
+         name, step, rank},
+        rank);
   }
 }
 

@@ -55,7 +55,9 @@ class Engine {
     std::optional<ParameterLayout> layout;
     std::vector<float> momentum;
     int64_t last_step = -1;
-    std::optional<StepReducer> reducer;
+    std::optional<StepReducer> reducer_buffers;  // one per parameter, reused every step
+    StepReducer* reducer = nullptr;              // the step being gathered, or null
+    std::vector<float> grad, update;             // recycled through each step's NsJob
     bool computing = false;
     std::unique_ptr<boost::asio::steady_timer> timer;
   };
@@ -95,6 +97,7 @@ class Engine {
   int world_size_ = 0;
   std::vector<std::pair<std::weak_ptr<Session>, std::pair<std::string, uint32_t>>>
       snapshot_waiters_;
+  std::vector<float> widen_;  // bf16 -> fp32 scratch for pushes
   bool stopping_ = false;
   std::function<void()> shutdown_done_;
 };

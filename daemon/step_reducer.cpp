@@ -7,6 +7,12 @@
 namespace muon::daemon {
 namespace {
 
+// dst[i] += src[i]; the buffers never overlap, which lets the compiler vectorize (elementwise
+// adds: same bits as the scalar loop).
+void add_into(float* __restrict dst, const float* __restrict src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+
 std::string range_str(int64_t begin, int64_t end) {
   return "[" + std::to_string(begin) + ", " + std::to_string(end) + ")";
 }
@@ -21,6 +27,15 @@ StepReducer::StepReducer(const ParameterLayout& layout, int64_t step)
       st.packed_begin.push_back(st.packed_size);
       st.packed_size += g.size();
     }
+  }
+}
+
+void StepReducer::restart(int64_t step) {
+  step_ = step;
+  for (auto& st : ranks_) {
+    st.pushed.clear();
+    st.committed = false;
+    st.touched = false;
   }
 }
 
@@ -50,10 +65,13 @@ void StepReducer::add(int rank, int64_t offset, std::span<const float> values) {
   const auto index = static_cast<size_t>(it - push.begin());
   // Zero-filled with -0.0f, the exact additive identity (-0 + x == x bitwise, also for x = +0),
   // so a first push gives exactly the values.
-  if (st.values.empty()) st.values.assign(static_cast<size_t>(st.packed_size), -0.0f);
+  if (!st.touched) {
+    st.values.assign(static_cast<size_t>(st.packed_size), -0.0f);  // reuses the allocation
+    st.touched = true;
+  }
   float* dst = st.values.data() + st.packed_begin[index] + (offset - it->begin);
   // Repeated pushes of an element within a step add up in push order (gradient accumulation);
-  for (int64_t i = 0; i < n; ++i) dst[i] += values[static_cast<size_t>(i)];
+  add_into(dst, values.data(), n);
   // Coalesce with the previous chunk when contiguous (the common streaming case).
   if (!st.pushed.empty() && st.pushed.back().end == offset) {
     st.pushed.back().end = offset + n;
@@ -128,7 +146,7 @@ void StepReducer::reduce(float* grad) const {
     for (size_t i = 0; i < push.size(); ++i) {
       const float* src = st.values.data() + st.packed_begin[i];
       float* dst = grad + push[i].begin;
-      for (int64_t j = 0; j < push[i].size(); ++j) dst[j] += src[j];
+      add_into(dst, src, push[i].size());
     }
   }
 }

@@ -1,0 +1,50 @@
+"""The body of one rank of the 2-rank gloo tests (spawned by test_distributed.py)."""
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from helpers import TinyNet, train
+
+
+class GatedNet(TinyNet):
+    """TinyNet plus a 1 x 12 matrix: in mode "shard" with 2 ranks, rank 0's row shard is empty."""
+
+    def __init__(self, seed=0):
+        super().__init__(seed)
+        self.gate = nn.Linear(12, 1, bias=False)
+
+    def forward(self, idx, targets):
+        return super().forward(idx, targets) + self.gate(self.embed(idx)).pow(2).mean()
+
+
+def run(rank: int, world: int, init: str, socket: str, outdir: str):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    from muon_offload.torch import InProcessMuon, OffloadMuon
+    kw = dict(lr=0.03, weight_decay=0.05, adamw_lr=2e-3)
+    try:
+        for variant in ("inprocess", "server_reduce", "shard"):
+            model = GatedNet()
+            if variant == "inprocess":
+                opt = InProcessMuon(model.named_parameters(), **kw)
+            else:
+                opt = OffloadMuon(model.named_parameters(), servers=[socket], mode=variant,
+                                  prefix=variant + "/", **kw)
+            sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+            losses = train(model, opt, 3, rank=rank, sched=sched)
+            # accumulation with 2 micro-batches, then a checkpoint round trip on every rank
+            losses += train(model, opt, 1, start=3, rank=rank, micro=2)
+            sd = opt.state_dict()
+            opt.load_state_dict(sd)
+            losses += train(model, opt, 1, start=4, rank=rank)
+            torch.save({"params": [p.detach().clone() for p in model.parameters()],
+                        "losses": losses, "state": sd},
+                       os.path.join(outdir, f"{variant}_{rank}.pt"))
+            if hasattr(opt, "close"):
+                opt.close()
+            dist.barrier()
+    finally:
+        dist.destroy_process_group()

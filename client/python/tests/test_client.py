@@ -1,0 +1,82 @@
+"""The ctypes layer (muon_offload.Client, local_update) and scripts/muon-offload-launch."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from conftest import REPO, find_binary
+from muon_offload import Client, InvalidArgument, local_update
+
+OPTS = {"mu": 0.9, "nesterov": True}
+
+
+def test_client_round_trip_is_bitwise_local_update(server):
+    rng = np.random.default_rng(3)
+    shape = (12, 20)
+    n = 12 * 20
+    with Client([server.socket]) as c:
+        c.register("w", shape, OPTS)
+        mom = np.zeros(shape, np.float32)
+        for step in range(3):
+            g = rng.standard_normal(shape).astype(np.float32)
+            c.push("w", step, 0, g[:5].copy())           # two chunks
+            c.push("w", step, 5 * 20, g[5:].copy())
+            c.commit("w", step)
+            out = np.empty(n, np.float32)
+            assert c.wait_update("w", step, out)
+            ref = np.empty(shape, np.float32)
+            assert local_update("w", shape, OPTS, g, mom, ref, threads=1)
+            assert np.array_equal(out.reshape(shape), ref)
+        got = np.empty(n, np.float32)
+        assert c.fetch_momentum("w", got) == 2
+        assert np.array_equal(got.reshape(shape), mom)
+        with pytest.raises(InvalidArgument, match="bytes"):
+            c.wait_update("w", 3, np.empty(3, np.float32))
+        with pytest.raises(InvalidArgument, match="contiguous"):
+            c.push("w", 3, 0, np.zeros((4, 4), np.float32)[:, :2])
+
+
+LAUNCH_CHECK = textwrap.dedent("""
+    import os, sys
+    sys.path[:0] = [{pkg!r}, {pkg_parent!r}]
+    from helpers import TinyNet, train
+    from muon_offload.torch import OffloadMuon
+    servers = os.environ["MUON_OFFLOAD_SERVERS"].split(",")
+    assert len(servers) == 2 and os.environ["MUON_OFFLOAD_RUN_DIR"], servers
+    assert os.environ["MUON_OFFLOAD_PLAN"].endswith("plan.json")
+    m = TinyNet()
+    opt = OffloadMuon(m.named_parameters())          # servers from the environment
+    assert {{opt._meta[p].server for p in opt._muon_params}} == {{0, 1}}
+    train(m, opt, 2)
+    opt.close()
+    sys.exit(7)
+""")
+
+
+def test_launch_script_runs_a_trainer_against_two_servers(tmpdir_private):
+    daemon_dir = os.path.dirname(find_binary("muon-offloadd", "daemon"))
+    # a build tree (<build>/daemon, <build>/cli) or one folder holding both binaries
+    bin_dir = os.path.dirname(daemon_dir) if daemon_dir.endswith("/daemon") else daemon_dir
+    plan = tmpdir_private / "plan.json"
+    plan.write_text("{}")
+    script = tmpdir_private / "trainer.py"
+    here = os.path.dirname(os.path.abspath(__file__))
+    script.write_text(LAUNCH_CHECK.format(pkg=here, pkg_parent=os.path.dirname(here)))
+    run_dir = tmpdir_private / "run"
+    snap = tmpdir_private / "final.safetensors"
+    r = subprocess.run([str(REPO / "scripts" / "muon-offload-launch"), "--cpu", "--servers", "2",
+                        "--bin-dir", bin_dir, "--run-dir", str(run_dir), "--snapshot", str(snap),
+                        "--plan", str(plan), "--", sys.executable, str(script)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 7, r.stderr            # the trainer's exit code
+    # SIGTERM at the end: each server wrote its final snapshot and removed its socket
+    assert (tmpdir_private / "final.safetensors.0").is_file(), r.stderr
+    assert (tmpdir_private / "final.safetensors.1").is_file(), r.stderr
+    assert not (run_dir / "s0.sock").exists()
+    assert (run_dir / "server0.log").is_file()
+    bad = subprocess.run([str(REPO / "scripts" / "muon-offload-launch"), "--bogus"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "unknown option" in bad.stderr

@@ -1,0 +1,126 @@
+"""Error paths: no server, a server that dies or restarts mid-training, refused parameters,
+non-finite gradients."""
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+from helpers import TinyNet, batch, param_diff, same_params, train
+from muon_offload import (ConnectionLost, InvalidArgument, MuonOffloadError, NonFiniteGradient,
+                          ServerError)
+from muon_offload.torch import InProcessMuon, OffloadMuon
+
+KW = dict(lr=0.03, weight_decay=0.05, adamw_lr=2e-3)
+
+
+def reference(steps):
+    m = TinyNet()
+    train(m, InProcessMuon(m.named_parameters(), **KW), steps)
+    return m
+
+
+def test_server_down(tmpdir_private):
+    sock = str(tmpdir_private / "nobody.sock")
+    with pytest.raises(ConnectionLost) as e:
+        OffloadMuon(TinyNet().named_parameters(), servers=[sock], connect_timeout_s=0.3)
+    assert sock in str(e.value) and "muon-offloadd" in str(e.value)
+    assert "muon-offload health" in str(e.value)
+
+
+def test_no_server_configured(monkeypatch):
+    monkeypatch.delenv("MUON_OFFLOAD_SERVERS", raising=False)
+    with pytest.raises(InvalidArgument, match="MUON_OFFLOAD_SERVERS"):
+        OffloadMuon(TinyNet().named_parameters())
+
+
+def test_servers_from_the_environment(server, monkeypatch):
+    monkeypatch.setenv("MUON_OFFLOAD_SERVERS", server.socket)
+    m = TinyNet()
+    opt = OffloadMuon(m.named_parameters(), **KW)
+    train(m, opt, 1)
+    opt.close()
+
+
+def test_server_killed_restarted_then_resumed_from_checkpoint(server):
+    m = TinyNet()
+    opt = OffloadMuon(m.named_parameters(), servers=[server.socket], **KW)
+    train(m, opt, 2)
+    # state_dict() holds references to live tensors (as in torch): copy it, as torch.save would
+    ckpt = copy.deepcopy({"model": m.state_dict(), "opt": opt.state_dict()})
+    train(m, opt, 1, start=2)                 # a step the crash will lose
+    server.kill()
+    server.restart()                          # a fresh server: no momentum at all
+    with pytest.raises(ConnectionLost) as e:
+        train(m, opt, 1, start=3)
+    msg = str(e.value)
+    assert server.socket in msg and "reconnect()" in msg and "load_state_dict" in msg
+    opt.reconnect()
+    # The fresh server's momentum does not match: training refuses until a checkpoint is loaded.
+    with pytest.raises(MuonOffloadError, match="load_state_dict"):
+        train(m, opt, 1, start=3)
+    m.load_state_dict(ckpt["model"])
+    opt.load_state_dict(ckpt["opt"])
+    train(m, opt, 3, start=2)
+    assert same_params(m, reference(5)), param_diff(m, reference(5))
+    opt.close()
+
+
+def test_server_restarted_from_its_snapshot(server_factory, tmpdir_private):
+    snap = str(tmpdir_private / "momentum.safetensors")
+    s = server_factory("snap", extra=["--snapshot", snap])
+    m = TinyNet()
+    opt = OffloadMuon(m.named_parameters(), servers=[s.socket], **KW)
+    train(m, opt, 2)
+    opt.snapshot()                             # the server writes its --snapshot path
+    s.kill()
+    s.restart(extra=["--snapshot", snap, "--restore", snap])
+    opt.reconnect()                            # momentum restored: nothing else to load
+    train(m, opt, 2, start=2)
+    assert same_params(m, reference(4)), param_diff(m, reference(4))
+    opt.close()
+    # A new trainer process can adopt the server's state (steps and momentum) too.
+    assert s.stop() == 0                       # SIGTERM: final snapshot, clean exit
+    s.restart(extra=["--restore", snap])
+    m2 = TinyNet()
+    m2.load_state_dict(m.state_dict())
+    opt2 = OffloadMuon(m2.named_parameters(), servers=[s.socket], resume_from_server=True, **KW)
+    assert all(opt2.state[p]["step"] == 4 for p in opt2._muon_params)
+    opt2.close()
+
+
+def test_refused_parameters_are_named(server):
+    w = nn.Parameter(torch.randn(8, 6))
+    with pytest.raises(MuonOffloadError) as e:
+        OffloadMuon([("blocks.0.w", w)], servers=[server.socket], schedule="no-such-schedule")
+    assert "blocks.0.w" in str(e.value) and "no-such-schedule" in str(e.value)
+    with pytest.raises(MuonOffloadError) as e:
+        OffloadMuon([("blocks.0.qkv", w)], servers=[server.socket],
+                    row_splits={"blocks.0.qkv": [3, 3]})
+    assert "blocks.0.qkv" in str(e.value)
+    # the same name registered again with another shape by the same job
+    OffloadMuon([("blocks.0.x", w)], servers=[server.socket]).close()
+    with pytest.raises(ServerError) as e:
+        OffloadMuon([("blocks.0.x", nn.Parameter(torch.randn(6, 8)))], servers=[server.socket])
+    assert "blocks.0.x" in str(e.value)
+    with pytest.raises(InvalidArgument, match="mode"):
+        OffloadMuon([("w", w)], servers=[server.socket], mode="ring")
+
+
+def test_nonfinite_gradient_is_refused_then_training_goes_on(server):
+    m = TinyNet()
+    opt = OffloadMuon(m.named_parameters(), servers=[server.socket], **KW)
+    train(m, opt, 1)
+    # Gradients set by hand (no backward: step() pushes them), one of them NaN.
+    opt.zero_grad()
+    for p in m.parameters():
+        p.grad = torch.full_like(p, 0.01)
+    m.fc1.weight.grad = torch.full_like(m.fc1.weight, float("nan"))
+    fc1, fc2 = m.fc1.weight.detach().clone(), m.fc2.weight.detach().clone()
+    with pytest.raises(NonFiniteGradient, match="fc1.weight"):
+        opt.step()
+    assert torch.equal(m.fc1.weight, fc1)           # refused: not updated
+    assert not torch.equal(m.fc2.weight, fc2)       # the others were
+    train(m, opt, 2, start=2)                       # the step was consumed; training goes on
+    assert all(torch.isfinite(p).all() for p in m.parameters())
+    opt.close()

@@ -1,0 +1,116 @@
+"""Which tensors go to the server (and as which matrix shape), which to the built-in AdamW."""
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+
+from helpers import TinyNet, same_params, train
+from muon_offload.torch import InProcessMuon, OffloadMuon, default_route
+
+EXPECTED = {
+    "embed.weight": ("adamw", None),
+    "conv.weight": ("muon", (4, 12)),      # conv (out, in, kh, kw) -> (out, in*kh*kw)
+    "conv.bias": ("adamw", None),
+    "norm.weight": ("adamw", None),
+    "norm.bias": ("adamw", None),
+    "fc1.weight": ("muon", (24, 12)),
+    "fc1.bias": ("adamw", None),
+    "fc2.weight": ("muon", (12, 24)),
+    "fc2.bias": ("adamw", None),
+    "experts": ("muon", (3, 12, 12)),      # expert stack: 3 matrices of 12x12
+    "head.weight": ("adamw", None),
+}
+
+
+@pytest.mark.parametrize("name,shape,kind", [
+    ("model.embed_tokens.weight", (100, 8), "adamw"),
+    ("transformer.wte.weight", (100, 8), "adamw"),
+    ("transformer.wpe.weight", (64, 8), "adamw"),
+    ("tok_emb.weight", (100, 8), "adamw"),
+    ("lm_head.weight", (100, 8), "adamw"),
+    ("output.weight", (100, 8), "adamw"),            # Meta Llama's head
+    ("classifier.weight", (10, 8), "adamw"),
+    ("model.norm.weight", (8, 8), "adamw"),
+    ("blocks.0.ln_1.weight", (8, 8), "adamw"),
+    ("blocks.0.ln1.weight", (8,), "adamw"),
+    ("blocks.0.mlp.fc.bias", (32,), "adamw"),
+    ("scale", (), "adamw"),
+    ("layers.0.attention.output.dense.weight", (8, 8), "muon"),  # BERT: not the head
+    ("blocks.0.linear.weight", (8, 8), "muon"),                  # "ln" prefix rule
+    ("blocks.0.attn.qkv.weight", (24, 8), "muon"),
+    ("layers.0.moe.experts", (4, 8, 16), "muon"),
+    ("conv1.weight", (6, 3, 3, 3), "muon"),
+    (None, (8, 8), "muon"),
+])
+def test_default_route(name, shape, kind):
+    assert default_route(name, torch.empty(shape)) == kind
+
+
+def test_routing_of_a_model_inprocess():
+    opt = InProcessMuon(TinyNet().named_parameters())
+    assert opt.routing == EXPECTED
+    kinds = {g["use_muon"] for g in opt.param_groups}
+    assert kinds == {True, False}
+    adamw = [g for g in opt.param_groups if not g["use_muon"]][0]
+    assert adamw["lr"] == 3e-4 and adamw["betas"] == (0.9, 0.95)
+
+
+def test_routing_and_shapes_on_the_server(server):
+    """The server registers conv and expert parameters with the flattened / batched shapes, and
+    the updates come back in the parameters' own shapes, bitwise as in process."""
+    m1, m2 = TinyNet(), TinyNet()
+    off = OffloadMuon(m1.named_parameters(), servers=[server.socket], weight_decay=0.01)
+    ref = InProcessMuon(m2.named_parameters(), weight_decay=0.01)
+    assert off.routing == EXPECTED
+    before = {n: p.detach().clone() for n, p in m1.named_parameters()}
+    train(m1, off, 2)
+    train(m2, ref, 2)
+    for n, p in m1.named_parameters():
+        assert p.shape == before[n].shape
+        assert not torch.equal(p, before[n]), f"{n} was not updated"
+    assert same_params(m1, m2)
+    off.close()
+
+
+def test_names_mapping_route_override_and_groups():
+    model = TinyNet()
+    # plain tensors + names=model: same routing as named_parameters()
+    opt = InProcessMuon(list(model.parameters()), names=model)
+    assert opt.routing == EXPECTED
+    # a route override: everything 2-D+ to Muon, the embedding included
+    opt = InProcessMuon(model.named_parameters(),
+                        route=lambda n, p: "muon" if p.ndim >= 2 else "adamw")
+    assert opt.routing["embed.weight"] == ("muon", (16, 12))
+    assert opt.routing["head.weight"] == ("muon", (16, 12))
+    # a group forced to AdamW, another with its own lr
+    named = dict(model.named_parameters())
+    opt = InProcessMuon([
+        {"params": [("fc1.weight", named["fc1.weight"])], "use_muon": False},
+        {"params": [(n, p) for n, p in named.items() if n != "fc1.weight"], "lr": 0.05,
+         "adamw_lr": 1e-3},
+    ])
+    assert opt.routing["fc1.weight"] == ("adamw", None)
+    lrs = {(g["use_muon"], g["lr"]) for g in opt.param_groups}
+    assert (True, 0.05) in lrs and (False, 1e-3) in lrs
+
+
+def test_conv1d_flattened_on_request_and_unnamed_warning():
+    conv1d = nn.Conv1d(4, 5, 3)
+    opt = InProcessMuon([("conv1d.weight", conv1d.weight), ("conv1d.bias", conv1d.bias)],
+                        route=lambda n, p: "muon_flat" if p.ndim == 3 else None)
+    assert opt.routing["conv1d.weight"] == ("muon", (5, 12))
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        opt = InProcessMuon(nn.Linear(3, 4).parameters())
+    assert any("without names" in str(x.message) for x in w)
+    assert opt.routing == {"param.0": ("muon", (4, 3)), "param.1": ("adamw", None)}
+
+
+def test_lr_scheduler_drives_both_parts():
+    model = TinyNet()
+    opt = InProcessMuon(model.named_parameters(), lr=0.02, adamw_lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 ** s)
+    train(model, opt, 2, sched=sched)
+    lrs = sorted(g["lr"] for g in opt.param_groups)
+    assert lrs == pytest.approx([1e-3 * 0.25, 0.02 * 0.25])
