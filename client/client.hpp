@@ -65,7 +65,9 @@ class Client {
   /// dst. Returns false when the server skipped the step (non-finite policy skip; dst zeroed).
   bool wait_update(const std::string& name, int64_t step, void* dst);
   bool update_ready(const std::string& name, int64_t step);
-  /// Calls `cb(name, step)` on a client thread as each update completes.
+  /// Calls `cb(name, step)` on a client thread as each update completes (once per parameter and
+  /// step; it may run just before or just after a wait_update of the same step returns). The
+  /// callback must not block on the client.
   void set_update_callback(UpdateCallback cb);
 
   /// The server-held fp32 momentum of a parameter (all elements) and its last applied step.

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <mutex>
 
 #include "client/client.hpp"
 #include "scenario.hpp"
@@ -298,5 +299,72 @@ TEST(ClientApi, ServerKilledFailsFastThenRestoreReconnectAndGoOnBitwise) {
   server = std::make_unique<ServerProcess>(dir, std::vector<std::string>{"--restore", snap});
   c.reconnect();
   EXPECT_TRUE(same_bits(run_step(c, "w", 2, g2), ref.step(g2)));
+  fs::remove_all(dir);
+}
+
+TEST(ClientApi, CompletionCallbackFiresOncePerParameterAndStep) {
+  const auto dir = temp_dir();
+  ServerProcess server(dir);
+  client::Client c(config_for(server.socket()));
+  std::mutex mu;
+  std::vector<std::pair<std::string, int64_t>> seen;
+  c.set_update_callback([&](const std::string& name, int64_t step) {
+    std::lock_guard lk(mu);
+    seen.emplace_back(name, step);
+  });
+  c.register_parameters({one_param("a", {8, 16}), one_param("b", {16, 8})});
+  for (int64_t s = 0; s < 2; ++s) {
+    for (const char* name : {"a", "b"}) {
+      const auto g = gradient(128, s);
+      c.push(name, s, 0, g.data(), 128);
+      c.commit(name, s);
+    }
+    std::vector<float> u(128);
+    c.wait_update("a", s, u.data());
+    c.wait_update("b", s, u.data());
+  }
+  // The callback runs on the client's reader thread, possibly just after wait_update returned.
+  for (int i = 0; i < 500; ++i) {
+    {
+      std::lock_guard lk(mu);
+      if (seen.size() >= 4) break;
+    }
+    std::this_thread::sleep_for(10ms);
+  }
+  std::lock_guard lk(mu);
+  std::sort(seen.begin(), seen.end());
+  const std::vector<std::pair<std::string, int64_t>> expected = {
+      {"a", 0}, {"a", 1}, {"b", 0}, {"b", 1}};
+  EXPECT_EQ(seen, expected);
+  fs::remove_all(dir);
+}
+
+TEST(ClientApi, OtherUsersAreRefusedEvenWhenTheSocketIsOpenedUp) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to act as another uid";
+  const auto dir = temp_dir();
+  ServerProcess server(dir);
+  // Simulate a careless chmod: the peer-credential check must still refuse uid 65534.
+  fs::permissions(dir, fs::perms::all);
+  fs::permissions(server.socket(), fs::perms::all);
+  const pid_t child = fork();
+  if (child == 0) {
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) _exit(10);
+    try {
+      client::ClientConfig cfg;
+      cfg.servers = {server.socket()};
+      cfg.connect_timeout = 2000ms;
+      cfg.op_timeout = 2000ms;
+      client::Client c(cfg);
+      _exit(0);  // must not get here
+    } catch (const client::ConnectionLost&) {
+      _exit(3);  // the server closed the connection: refused
+    } catch (...) {
+      _exit(4);
+    }
+  }
+  EXPECT_EQ(wait_exit(child, 20s), 3);
+  // The server's own uid still gets in.
+  client::Client c(config_for(server.socket()));
+  EXPECT_TRUE(c.health().ready);
   fs::remove_all(dir);
 }
