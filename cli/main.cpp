@@ -10,6 +10,7 @@
 
 #include "cli/health_command.hpp"
 #include "cli/orthogonalize_command.hpp"
+#include "cli/plan_command.hpp"
 #include "cli/schedules_command.hpp"
 #include "core/error.hpp"
 
@@ -37,6 +38,7 @@ int main(int argc, char** argv) {
   muon::cli::add_orthogonalize_command(app);
   muon::cli::add_schedules_command(app);
   muon::cli::add_health_command(app);
+  muon::cli::add_plan_command(app);
 
   try {
     app.parse(argc, argv);

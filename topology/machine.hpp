@@ -21,6 +21,8 @@ struct Gpu {
   bool nvswitch = false;       ///< links go through NVSwitch (HGX/DGX, NVL72)
   std::string fabric_cluster;  ///< GPU fabric cluster UUID (NVL72); empty when none
   int fabric_clique = -1;      ///< GPU fabric clique id within the cluster; -1 when none
+
+  bool operator==(const Gpu&) const = default;
 };
 
 /// One network interface card as `nvidia-smi topo -m` lists it.
@@ -30,12 +32,27 @@ struct Nic {
   std::string host;
   /// Link class to each GPU index: "PIX", "PXB", "PHB", "NODE", "SYS".
   std::map<int, std::string> gpu_link;
+
+  bool operator==(const Nic&) const = default;
 };
 
 /// A machine or a set of machines (an NVL72 rack spans 18 hosts).
 struct Machine {
   std::vector<Gpu> gpus;
   std::vector<Nic> nics;
+
+  bool operator==(const Machine&) const = default;
 };
+
+/// The distinct host names of a machine, in the order their first GPU appears.
+inline std::vector<std::string> host_names(const Machine& machine) {
+  std::vector<std::string> hosts;
+  for (const auto& g : machine.gpus) {
+    bool seen = false;
+    for (const auto& h : hosts) seen = seen || h == g.host;
+    if (!seen) hosts.push_back(g.host);
+  }
+  return hosts;
+}
 
 }  // namespace muon::topology

@@ -1,0 +1,340 @@
+// Plans on every fixture: domains, offload picks, rank maps, parameter ownership, relays and
+// endpoints, the auto choice, the plan JSON, and errors.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "core/error.hpp"
+#include "plan/plan.hpp"
+#include "plan/plan_json.hpp"
+#include "plan/plan_table.hpp"
+#include "topology/nvidia_smi_topo.hpp"
+#include "topology/topology_json.hpp"
+#include "topology/topology_source.hpp"
+
+using namespace muon;
+using namespace muon::plan;
+using topology::Machine;
+
+namespace {
+
+std::string read(const std::string& path) {
+  std::ifstream f(path);
+  EXPECT_TRUE(f.good()) << path;
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+Machine fixture(const std::string& name) {
+  const std::string path = std::string(MUON_TOPOLOGY_FIXTURES) + "/" + name;
+  return topology::job_machine(topology::parse_topology_text(read(path), name).machine, 0);
+}
+
+const ModelConfig& model(const std::string& file) {
+  static std::map<std::string, ModelConfig> cache;
+  auto it = cache.find(file);
+  if (it == cache.end()) {
+    it = cache.emplace(file, load_model_config(std::string(MUON_MODEL_CONFIGS) + "/" + file)).first;
+  }
+  return it->second;
+}
+
+PlanRequest request(const std::string& placement, int per_domain) {
+  PlanRequest r;
+  r.placement = placement;
+  r.offload_per_domain = per_domain;
+  return r;
+}
+
+std::vector<int> server_gpus(const Plan& p) {
+  std::vector<int> out;
+  for (const auto& s : p.servers) out.push_back(s.gpu);
+  return out;
+}
+
+// Invariants every plan keeps.
+void check_plan(const Plan& p) {
+  // Each parameter has exactly one owner, and the owners' lists partition the parameters.
+  std::vector<int> owned(p.parameters.size(), 0);
+  for (const auto& s : p.servers) {
+    double ns = 0;
+    for (int i : s.owns) {
+      ++owned[i];
+      EXPECT_EQ(p.parameters[i].owner, s.id);
+      ns += p.parameters[i].cost_s;
+    }
+    EXPECT_NEAR(s.load.ns_s, ns, 1e-9 * (1 + ns));
+  }
+  for (size_t i = 0; i < owned.size(); ++i) EXPECT_EQ(owned[i], 1) << p.parameters[i].matrix.name;
+  EXPECT_LE(p.lpt.makespan, p.lpt.list_bound() * (1 + 1e-12));
+  // Relays: the owner in its own domain, a server of the domain elsewhere (or none).
+  for (const auto& par : p.parameters) {
+    ASSERT_EQ(par.relay.size(), p.domains.size());
+    const int owner_domain = p.servers[par.owner].domain;
+    for (size_t d = 0; d < p.domains.size(); ++d) {
+      if (static_cast<int>(d) == owner_domain) {
+        EXPECT_EQ(par.relay[d], par.owner);
+      } else if (!p.domains[d].servers.empty()) {
+        ASSERT_GE(par.relay[d], 0);
+        EXPECT_EQ(p.servers[par.relay[d]].domain, static_cast<int>(d));
+      }
+    }
+  }
+  // Ranks: 0..n-1, local ranks contiguous per host, never on a dedicated server's GPU.
+  std::set<int> server_positions;
+  for (const auto& s : p.servers) server_positions.insert(s.gpu);
+  std::map<std::string, int> next_local;
+  for (size_t r = 0; r < p.ranks.size(); ++r) {
+    const auto& rank = p.ranks[r];
+    EXPECT_EQ(rank.rank, static_cast<int>(r));
+    EXPECT_EQ(rank.local_rank, next_local[rank.host]++);
+    if (p.cost.placement == Placement::dedicated) {
+      EXPECT_FALSE(server_positions.count(rank.gpu));
+    }
+    EXPECT_FALSE(rank.endpoints.empty());
+    for (int e : rank.endpoints) {
+      if (!p.domains[rank.domain].servers.empty()) {
+        EXPECT_EQ(p.servers[e].domain, rank.domain);
+      }
+    }
+  }
+  const size_t expected_ranks = p.cost.placement == Placement::dedicated
+                                    ? p.machine.gpus.size() - p.servers.size()
+                                    : p.machine.gpus.size();
+  EXPECT_EQ(p.ranks.size(), expected_ranks);
+  // auto keeps a candidate within 1 % (or 1 ms) of the cheapest.
+  double best = 1e300;
+  for (const auto& c : p.candidates) best = std::min(best, c.total_s);
+  EXPECT_LE(p.cost.total_s, best + std::max(0.01 * best, 1e-3) + 1e-12);
+}
+
+}  // namespace
+
+TEST(Plan, HgxH100AutoCoLocatesOneServerPerGpu) {
+  const Plan p = build_plan(fixture("hgx_h100.txt"), model("llama3_8b.json"), request("auto", 0));
+  check_plan(p);
+  ASSERT_EQ(p.domains.size(), 1u);
+  EXPECT_EQ(p.cost.placement, Placement::colocated);
+  EXPECT_EQ(p.cost.per_domain, 8);
+  EXPECT_EQ(p.servers.size(), 8u);
+  EXPECT_EQ(p.ranks.size(), 8u);
+  for (const auto& r : p.ranks) {
+    EXPECT_EQ(r.gpu_index, r.rank);
+    EXPECT_EQ(p.servers[r.colocated_server].gpu, r.gpu);
+    EXPECT_EQ(r.endpoints.size(), 8u);
+  }
+  // Dedicating a GPU costs 12.5 % of the step; co-locating costs the NS time spread over 8.
+  const auto dedicated = std::find_if(p.candidates.begin(), p.candidates.end(), [](const auto& c) {
+    return c.placement == Placement::dedicated && c.per_domain == 1;
+  });
+  ASSERT_NE(dedicated, p.candidates.end());
+  EXPECT_GT(dedicated->total_s, 10 * p.cost.total_s);
+  EXPECT_EQ(p.servers[3].socket_name, "muon-offloadd-gpu3.sock");
+}
+
+TEST(Plan, HgxH100DedicatedServesFromTheHighestGpuOfEachNumaNode) {
+  const Machine m = fixture("hgx_h100.txt");
+  const Plan one = build_plan(m, model("llama3_8b.json"), request("dedicated", 1));
+  check_plan(one);
+  EXPECT_EQ(server_gpus(one), (std::vector<int>{7}));
+  EXPECT_EQ(one.servers[0].numa_node, 1);
+  ASSERT_EQ(one.ranks.size(), 7u);
+  EXPECT_EQ(one.ranks[6].gpu_index, 6);
+  EXPECT_EQ(one.servers[0].owns.size(), 224u);
+  EXPECT_EQ(one.ranks[2].endpoints, (std::vector<int>{0}));
+  EXPECT_EQ(one.ranks[2].numa_node, 0);
+
+  const Plan two = build_plan(m, model("llama3_8b.json"), request("dedicated", 2));
+  check_plan(two);
+  EXPECT_EQ(server_gpus(two), (std::vector<int>{3, 7}));
+  EXPECT_EQ(two.ranks[3].gpu_index, 4);
+  EXPECT_NEAR(two.servers[0].load.ns_s, two.servers[1].load.ns_s, 0.02 * two.servers[0].load.ns_s);
+}
+
+TEST(Plan, DgxA100SpreadsServersOverNumaNodes) {
+  const Plan p =
+      build_plan(fixture("dgx_a100.txt"), model("llama3_8b.json"), request("dedicated", 2));
+  check_plan(p);
+  // NUMA 3: GPU0-1, 1: GPU2-3, 7: GPU4-5, 5: GPU6-7; highest index first, one per NUMA node.
+  EXPECT_EQ(server_gpus(p), (std::vector<int>{5, 7}));
+  EXPECT_EQ(p.domains[0].link_bw, 300e9);
+}
+
+TEST(Plan, NvlinkBridgedPairsRelayAcrossPairs) {
+  const Plan p = build_plan(fixture("pcie_nvlink_pairs.txt"), model("llama3_8b.json"),
+                            request("dedicated", 1));
+  check_plan(p);
+  ASSERT_EQ(p.domains.size(), 2u);
+  EXPECT_EQ(server_gpus(p), (std::vector<int>{1, 3}));
+  ASSERT_EQ(p.ranks.size(), 2u);
+  EXPECT_EQ(p.ranks[0].gpu_index, 0);
+  EXPECT_EQ(p.ranks[1].gpu_index, 2);
+  EXPECT_EQ(p.ranks[1].endpoints, (std::vector<int>{1}));
+  // Each server relays, for its pair, the parameters the other one owns; relays and owners
+  // share the host, so the partial sums cross PCIe.
+  EXPECT_EQ(p.servers[0].relays.size(), p.servers[1].owns.size());
+  EXPECT_EQ(p.servers[1].relays.size(), p.servers[0].owns.size());
+  EXPECT_GT(p.servers[0].load.bytes_in[static_cast<int>(LinkKind::pcie)], 0);
+  EXPECT_EQ(p.servers[0].load.bytes_in[static_cast<int>(LinkKind::network)], 0);
+  EXPECT_EQ(p.domains[0].link_bw, 100e9);  // NV4
+}
+
+TEST(Plan, PcieTwoSocketCoLocatesPerNumaNode) {
+  const Plan p =
+      build_plan(fixture("pcie_2socket.txt"), model("gpt2_124m.json"), request("colocated", 2));
+  check_plan(p);
+  ASSERT_EQ(p.domains.size(), 2u);
+  EXPECT_EQ(p.domains[1].link, LinkKind::pcie);
+  EXPECT_EQ(p.servers.size(), 4u);
+  EXPECT_EQ(p.ranks.size(), 4u);
+}
+
+TEST(Plan, Gb200Nvl72OnePoolOverTheRack) {
+  const Machine rack = fixture("gb200_nvl72.json");
+  const Plan ded = build_plan(rack, model("llama3_70b.json"), request("dedicated", 4));
+  check_plan(ded);
+  ASSERT_EQ(ded.domains.size(), 1u);
+  EXPECT_EQ(ded.domains[0].link, LinkKind::fabric);
+  EXPECT_EQ(ded.domains[0].link_bw, 900e9);
+  ASSERT_EQ(ded.servers.size(), 4u);
+  const std::vector<std::string> hosts{"nvl72-tray00", "nvl72-tray04", "nvl72-tray09",
+                                       "nvl72-tray13"};
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(ded.servers[i].host, hosts[i]);
+    EXPECT_EQ(ded.servers[i].gpu_index, 3);
+  }
+  EXPECT_EQ(ded.ranks.size(), 68u);
+  EXPECT_EQ(ded.ranks[3].host, "nvl72-tray01");  // tray00 computes on GPU0-2 only
+  EXPECT_EQ(ded.ranks[3].local_rank, 0);
+  EXPECT_EQ(ded.ranks[40].endpoints, (std::vector<int>{0, 1, 2, 3}));
+  for (const auto& s : ded.servers) EXPECT_EQ(s.relays.size(), 0u);  // one domain: no relays
+
+  const Plan autop = build_plan(rack, model("llama3_70b.json"), request("auto", 0));
+  check_plan(autop);
+  // One dedicated server for 72 GPUs cannot keep up: its NS outlasts the overlap window.
+  const auto alone = std::find_if(
+      autop.candidates.begin(), autop.candidates.end(),
+      [](const auto& c) { return c.placement == Placement::dedicated && c.per_domain == 1; });
+  ASSERT_NE(alone, autop.candidates.end());
+  EXPECT_GT(alone->ns_max_s, alone->window_s);
+  EXPECT_GT(alone->exposed_s, 5.0);
+  EXPECT_LT(autop.cost.total_s, alone->total_s);
+}
+
+TEST(Plan, MultiNodeHgxReducesInsideEachNodeThenAcrossTheNetwork) {
+  const Plan p =
+      build_plan(fixture("hgx_h100_2node.json"), model("llama3_8b.json"), request("dedicated", 1));
+  check_plan(p);
+  ASSERT_EQ(p.domains.size(), 2u);
+  ASSERT_EQ(p.servers.size(), 2u);
+  EXPECT_EQ(p.servers[0].host, "hgx-a");
+  EXPECT_EQ(p.servers[1].host, "hgx-b");
+  EXPECT_EQ(p.servers[1].node_rank, 1);
+  EXPECT_EQ(p.ranks.size(), 14u);
+  EXPECT_EQ(p.ranks[7].host, "hgx-b");
+  EXPECT_EQ(p.ranks[7].local_rank, 0);
+  EXPECT_EQ(p.ranks[7].endpoints, (std::vector<int>{1}));
+  EXPECT_EQ(p.servers[0].relays.size(), p.servers[1].owns.size());
+  const int net = static_cast<int>(LinkKind::network);
+  const int nvl = static_cast<int>(LinkKind::nvlink);
+  // Server 0 receives, over the network, one partial sum per parameter it owns (from hgx-b's
+  // relay) and sends one per parameter it relays; over NVLink, 7 ranks' tiles per parameter.
+  double owned_bytes = 0, relayed_bytes = 0;
+  for (int i : p.servers[0].owns) owned_bytes += p.parameters[i].bytes;
+  for (int i : p.servers[0].relays) relayed_bytes += p.parameters[i].bytes;
+  EXPECT_DOUBLE_EQ(p.servers[0].load.bytes_in[net], owned_bytes + relayed_bytes);
+  EXPECT_DOUBLE_EQ(p.servers[0].load.bytes_in[nvl], 7 * (owned_bytes + relayed_bytes));
+}
+
+TEST(Plan, ReplicatedNodesAndMoeExpertBatches) {
+  const Machine four = topology::job_machine(fixture("hgx_h100.txt"), 4);
+  const Plan p = build_plan(four, model("qwen3_30b_a3b.json"), request("dedicated", 1));
+  check_plan(p);
+  EXPECT_EQ(p.domains.size(), 4u);
+  EXPECT_EQ(p.servers.size(), 4u);
+  EXPECT_EQ(p.ranks.size(), 28u);
+  // An expert batch is one parameter with one owner.
+  const auto it = std::find_if(p.parameters.begin(), p.parameters.end(), [](const auto& x) {
+    return x.matrix.name == "model.layers.0.mlp.experts.down_proj.weight";
+  });
+  ASSERT_NE(it, p.parameters.end());
+  EXPECT_EQ(it->matrix.batch, 128);
+  EXPECT_GE(it->owner, 0);
+}
+
+TEST(Plan, StepTimeGivenInsteadOfTokens) {
+  PlanRequest r = request("dedicated", 1);
+  r.step_time_s = 2.0;
+  const Plan p = build_plan(fixture("hgx_h100.txt"), model("llama3_8b.json"), r);
+  EXPECT_DOUBLE_EQ(p.cost.compute_all_s, 2.0);
+  EXPECT_DOUBLE_EQ(p.cost.compute_s, 2.0 * 8 / 7);
+  EXPECT_DOUBLE_EQ(p.training_flops, 0);
+}
+
+TEST(Plan, JsonCarriesWhatTheLauncherNeeds) {
+  PlanRequest r = request("dedicated", 1);
+  r.socket_dir = "/run/user/1000/muon-offload";
+  const Plan p = build_plan(fixture("hgx_h100_2node.json"), model("llama3_8b.json"), r, "fixture");
+  const auto doc = nlohmann::json::parse(write_plan_json(p));
+  EXPECT_EQ(doc["schema"], "muon-offload-plan/1");
+  EXPECT_EQ(doc["placement"], "dedicated");
+  EXPECT_EQ(doc["chosen_by"], "request");
+  EXPECT_EQ(doc["socket_dir"], "/run/user/1000/muon-offload");
+  ASSERT_EQ(doc["nodes"].size(), 2u);
+  const auto& node = doc["nodes"][1];
+  EXPECT_EQ(node["host"], "hgx-b");
+  EXPECT_EQ(node["node_rank"], 1);
+  ASSERT_EQ(node["servers"].size(), 1u);
+  EXPECT_EQ(node["servers"][0]["cuda_visible_devices"], "7");
+  EXPECT_EQ(node["servers"][0]["socket_name"], "muon-offloadd-gpu7.sock");
+  EXPECT_EQ(node["servers"][0]["numactl"], "--cpunodebind=1 --membind=1");
+  EXPECT_EQ(node["compute"]["cuda_visible_devices"], "0,1,2,3,4,5,6");
+  EXPECT_EQ(node["compute"]["nproc"], 7);
+  EXPECT_EQ(node["compute"]["ranks"][0], 7);
+  size_t owned = 0;
+  for (const auto& s : doc["servers"]) owned += s["owns"].size();
+  EXPECT_EQ(owned, 224u);
+  EXPECT_EQ(doc["parameters"].size(), 224u);
+  EXPECT_EQ(doc["parameters"][0]["name"], "model.layers.0.self_attn.q_proj.weight");
+  EXPECT_EQ(doc["parameters"][0]["relays"].size(), 2u);
+  EXPECT_EQ(doc["ranks"][0]["endpoints"][0]["socket_name"], "muon-offloadd-gpu7.sock");
+  EXPECT_EQ(doc["ranks"][0]["endpoints"][0]["same_host"], true);
+  EXPECT_EQ(doc["domains"][0]["kind"], "nvswitch");
+  EXPECT_GT(doc["cost"]["total_s"].get<double>(), 0);
+  EXPECT_LE(doc["lpt"]["makespan_s"].get<double>(), doc["lpt"]["list_bound_s"].get<double>());
+
+  std::ostringstream table;
+  print_plan_table(p, table);
+  EXPECT_NE(table.str().find("muon-offloadd-gpu7.sock"), std::string::npos);
+  EXPECT_NE(table.str().find("relay -> owner over the network"), std::string::npos);
+}
+
+TEST(Plan, BadRequestsAreClearErrors) {
+  const Machine hgx = fixture("hgx_h100.txt");
+  const ModelConfig& m = model("gpt2_124m.json");
+  EXPECT_THROW(build_plan(hgx, m, request("sideways", 0)), InvalidArgument);
+  EXPECT_THROW(build_plan(hgx, m, request("colocated", 9)), InvalidArgument);
+  PlanRequest r = request("auto", 0);
+  r.tokens_per_step = 0;
+  EXPECT_THROW(build_plan(hgx, m, r), InvalidArgument);
+  r = request("auto", 0);
+  r.cost.schedule = "nope";
+  EXPECT_THROW(build_plan(hgx, m, r), InvalidArgument);
+  r = request("auto", 0);
+  r.cost.ns_steps = 1000;
+  EXPECT_THROW(build_plan(hgx, m, r), InvalidArgument);
+  // One GPU: a dedicated server would leave nobody to train.
+  Machine single;
+  single.gpus.push_back(topology::Gpu{});
+  try {
+    build_plan(single, m, request("dedicated", 1));
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("no feasible plan"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(build_plan(single, m, request("auto", 0)).cost.placement, Placement::colocated);
+}
