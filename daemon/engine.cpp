@@ -617,11 +617,19 @@ void Engine::on_snapshot(const SessionPtr& s, const Frame& f) {
 
 void Engine::on_state_fetch(const SessionPtr& s, const Frame& f) {
   auto m = transport::decode<transport::StateFetch>(f.payload);
-  Param& p = registered_param(m.name, s);
-  if (p.computing) {
-    throw InvalidArgument("parameter '" + m.name +
-                          "': momentum requested while a step is computing");
+  Param* pp = nullptr;
+  try {
+    pp = &registered_param(m.name, s);
+    if (pp->computing) {
+      throw InvalidArgument("parameter '" + m.name +
+                            "': momentum requested while a step is computing");
+    }
+  } catch (const InvalidArgument& e) {
+    // Named after the parameter, so that only this fetch fails on the client.
+    s->send_error({"bad_request", e.message(), m.name, -1, s->rank}, f.request_id);
+    return;
   }
+  Param& p = *pp;
   const int64_t n = p.layout->spec.shape.numel();
   const int64_t per_chunk = static_cast<int64_t>(config_.layout.slot_bytes / 4);
   for (int64_t off = 0; off < n; off += per_chunk) {

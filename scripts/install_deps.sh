@@ -12,6 +12,8 @@ PACKAGES=(
   libspdlog-dev libcli11-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-numpy python3-pytest   # Debian's /usr/bin/python3 runs the Python tests
+  python3-torch     # the PyTorch integration (client/python), its tests and the demo
+  fortunes          # the demo's corpus: /usr/share/games/fortunes
 )
 
 missing=()

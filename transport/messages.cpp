@@ -364,7 +364,7 @@ Update decode<Update>(const std::string& p) {
   Reader r(p, "update");
   Update m;
   m.name = r.str("name", kMaxName);
-  m.step = r.i64("step", 0, kMaxStep);
+  m.step = r.i64("step", -1, kMaxStep);  // -1: momentum of a parameter that never stepped
   m.offset = r.i64("offset", 0, kMaxElements);
   m.count = r.i64("count", 0, kMaxElements);
   m.slot = static_cast<uint32_t>(r.i64("slot", 0, 1 << 16));

@@ -368,3 +368,20 @@ TEST(ClientApi, OtherUsersAreRefusedEvenWhenTheSocketIsOpenedUp) {
   EXPECT_TRUE(c.health().ready);
   fs::remove_all(dir);
 }
+
+TEST(ClientApi, MomentumOfAParameterThatNeverSteppedIsZerosAtStepMinusOne) {
+  const auto dir = temp_dir();
+  ServerProcess server(dir);
+  client::Client c(config_for(server.socket()));
+  c.register_parameters({one_param("w", {4, 4}), one_param("v", {4, 4})});
+  int64_t last = 7;
+  const auto m = c.fetch_momentum("w", &last);
+  EXPECT_EQ(last, -1);
+  for (float x : m) EXPECT_EQ(x, 0.0f);
+  // A refused fetch (unknown name) fails that fetch only; the session and the other parameters
+  // go on.
+  EXPECT_THROW(c.fetch_momentum("nope"), InvalidArgument);  // refused locally: not registered
+  const auto g = gradient(16, 0);
+  EXPECT_EQ(run_step(c, "v", 0, g).size(), 16u);
+  fs::remove_all(dir);
+}

@@ -781,6 +781,11 @@ class OffloadMuon(_MuonBase):
 
 # ---------------------------------------------------------------------------------------------
 
+# OffloadMuon's arguments that InProcessMuon accepts and ignores, so the classes swap freely.
+_OFFLOAD_ONLY = {"servers", "assign", "grad_dtype", "update_dtype", "connect_timeout_s",
+                 "timeout_s", "resume_from_server"}
+
+
 class InProcessMuon(_MuonBase):
     """The reference: the same optimizer as :class:`OffloadMuon` (same arguments, routing,
     AdamW, apply rule, state_dict format), with the Muon update computed in this process by the
@@ -789,7 +794,11 @@ class InProcessMuon(_MuonBase):
     so the whole training run, are bitwise those of OffloadMuon. Momentum lives in
     ``state[p]["momentum_buffer"]`` (fp32, matrix shape). Under torch.distributed, gradients are
     averaged as grad/world + one all-reduce (sum) — the server's reduction with 2 ranks — in
-    both modes. ``no_commit()`` is accepted and does nothing (gradients accumulate in .grad)."""
+    both modes. ``no_commit()`` is accepted and does nothing (gradients accumulate in .grad).
+
+    The kernels set the OpenBLAS thread count of the whole process (``threads``); where torch
+    runs on the same OpenBLAS (Debian's python3-torch does), that count applies to torch's
+    matmuls too — set ``OPENBLAS_NUM_THREADS`` to the same value for reproducible runs."""
 
     def __init__(self, params_or_groups, lr: float = 0.02, momentum: float = 0.95,
                  nesterov: bool = True, weight_decay: float = 0.0, *, threads: int = 1,
@@ -799,7 +808,10 @@ class InProcessMuon(_MuonBase):
                  extra_scale: float = 1.0, eps: float = 1e-7, momentum_convention: str = "sum",
                  mode: str = "server_reduce", names=None, route: Optional[Callable] = None,
                  row_splits: Optional[Mapping[str, Sequence[int]]] = None, process_group=None,
-                 prefix: str = "", **_ignored):
+                 prefix: str = "", **offload_only):
+        unknown = set(offload_only) - _OFFLOAD_ONLY
+        if unknown:
+            raise TypeError(f"InProcessMuon got unexpected arguments {sorted(unknown)}")
         self.threads = int(threads)
         super().__init__(params_or_groups, lr=lr, momentum=momentum, nesterov=nesterov,
                          weight_decay=weight_decay, adamw_lr=adamw_lr, adamw_betas=adamw_betas,

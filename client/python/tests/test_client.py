@@ -39,6 +39,23 @@ def test_client_round_trip_is_bitwise_local_update(server):
             c.push("w", 3, 0, np.zeros((4, 4), np.float32)[:, :2])
 
 
+def test_bf16_wire_is_exact(server):
+    """bf16 gradients are widened exactly on the server and the update rounded once to bf16:
+    the result is bf16(local_update(float(g_bf16)))."""
+    torch = pytest.importorskip("torch")
+    shape = (6, 10)
+    g = torch.randn(shape, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    with Client([server.socket]) as c:
+        c.register("b", shape, OPTS, grad_dtype="bf16", update_dtype="bf16")
+        c.push("b", 0, 0, g.contiguous().view(-1))
+        c.commit("b", 0)
+        out = torch.empty(60, dtype=torch.bfloat16)
+        assert c.wait_update("b", 0, out)
+    ref = torch.empty(shape)
+    local_update("b", shape, OPTS, g.float().contiguous(), torch.zeros(shape), ref, threads=1)
+    assert torch.equal(out.view(shape), ref.to(torch.bfloat16))
+
+
 LAUNCH_CHECK = textwrap.dedent("""
     import os, sys
     sys.path[:0] = [{pkg!r}, {pkg_parent!r}]

@@ -122,3 +122,18 @@ def test_muon_parameter_without_gradient_is_skipped(server):
     assert torch.equal(m1.experts, frozen)
     assert same_params(m1, m2)
     off.close()
+
+
+def test_bf16_wire(server):
+    """Gradients and updates may travel as bf16 (half the bytes). Exactness of the bf16 path is
+    checked in test_client.py; here the optimizer trains with it as well as with fp32."""
+    m1, m2 = TinyNet(), TinyNet()
+    off = OffloadMuon(m1.named_parameters(), servers=[server.socket], grad_dtype="bf16",
+                      update_dtype="bf16", **KW)
+    ref = InProcessMuon(m2.named_parameters(), **KW)
+    start = [p.detach().clone() for p in m1.parameters()]
+    l1 = train(m1, off, 4)
+    l2 = train(m2, ref, 4)
+    assert all(not torch.equal(p, p0) for p, p0 in zip(m1.parameters(), start))
+    assert abs(l1[-1] - l2[-1]) < 0.01 * l2[-1] and l1[-1] < l1[0]
+    off.close()

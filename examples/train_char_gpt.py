@@ -1,0 +1,274 @@
+#!/usr/bin/python3
+"""A small GPT trained character by character on the fortunes of Debian's `fortunes` package,
+with Muon offloaded to muon-offloadd (--optimizer offload), the same Muon computed in process by
+the same C++ kernels (inprocess), or AdamW alone (adamw).
+
+    # one rank, the server started for you:
+    scripts/muon-offload-launch --cpu -- /usr/bin/python3 examples/train_char_gpt.py --steps 200
+    # two ranks (gloo, CPU) spawned here, or torchrun-style (RANK/WORLD_SIZE/MASTER_ADDR/PORT):
+    scripts/muon-offload-launch --cpu -- /usr/bin/python3 examples/train_char_gpt.py --world 2
+    /usr/bin/python3 examples/train_char_gpt.py --optimizer inprocess --world 2 --out in.json
+
+Prints per step: the loss (cross-entropy in nats per character, mean over ranks), tokens/s and
+the optimizer time the trainer waited for (step() plus gradient hooks). --out writes the losses
+and the measurements as JSON. Everything is seeded: two runs with the same arguments print the
+same losses, and offload/inprocess print bitwise the same losses (same kernels, the server and
+the in-process reference both run OpenBLAS with --threads 1).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import pathlib
+import socket
+import statistics
+import sys
+import time
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "client" / "python"))
+# One BLAS/OpenMP thread per rank (2 ranks + the server share 2 cores here). It also keeps torch's
+# matmuls identical between runs: Debian's torch runs on the same OpenBLAS as the Muon kernels,
+# and muon_local_update sets that library's thread count process-wide.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+CORPUS = "/usr/share/games/fortunes"
+
+
+# ---- data -----------------------------------------------------------------------------------
+
+def load_corpus(path: str = CORPUS) -> str:
+    """The fortune files concatenated in name order (.dat index files and .u8 links skipped)."""
+    d = pathlib.Path(path)
+    if not d.is_dir():
+        raise SystemExit(f"corpus {path} not found: install Debian's `fortunes` package "
+                         "(scripts/install_deps.sh does)")
+    parts = []
+    for f in sorted(d.iterdir()):
+        if f.suffix == ".dat" or f.is_symlink() or not f.is_file():
+            continue
+        parts.append(f.read_bytes().decode("utf-8", errors="replace"))
+    return "".join(parts)
+
+
+def unigram_entropy(text: str) -> float:
+    """-sum p(c) ln p(c) over the characters of text, in nats per character."""
+    counts = {}
+    for ch in text:
+        counts[ch] = counts.get(ch, 0) + 1
+    n = len(text)
+    return -sum(c / n * math.log(c / n) for c in counts.values())
+
+
+# ---- model ----------------------------------------------------------------------------------
+
+class Block(nn.Module):
+    def __init__(self, d: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d, bias=False)   # fused QKV: Muon with row_splits [d, d, d]
+        self.proj = nn.Linear(d, d, bias=False)
+        self.ln2 = nn.LayerNorm(d)
+        self.fc = nn.Linear(d, 4 * d, bias=False)
+        self.out = nn.Linear(4 * d, d, bias=False)
+
+    def forward(self, x, mask):
+        b, t, d = x.shape
+        h = self.heads
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+        q, k, v = (z.view(b, t, h, d // h).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d // h))
+        att = att.masked_fill(mask[:t, :t], float("-inf")).softmax(dim=-1)
+        y = (att @ v).transpose(1, 2).reshape(b, t, d)
+        x = x + self.proj(y)
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+class CharGPT(nn.Module):
+    def __init__(self, vocab: int, d: int, layers: int, heads: int, context: int):
+        super().__init__()
+        self.tok_emb = nn.Embedding(vocab, d)
+        self.pos_emb = nn.Embedding(context, d)
+        self.blocks = nn.ModuleList([Block(d, heads) for _ in range(layers)])
+        self.ln_f = nn.LayerNorm(d)
+        self.lm_head = nn.Linear(d, vocab, bias=False)
+        self.register_buffer("mask", torch.triu(torch.ones(context, context, dtype=torch.bool), 1))
+        for name, p in self.named_parameters():
+            if p.ndim == 2:
+                nn.init.normal_(p, std=0.02)
+            if name.endswith("proj.weight") or name.endswith("out.weight"):
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * layers))
+
+    def forward(self, idx, targets):
+        t = idx.shape[1]
+        x = self.tok_emb(idx) + self.pos_emb.weight[:t]
+        for blk in self.blocks:
+            x = blk(x, self.mask)
+        logits = self.lm_head(self.ln_f(x))
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+# ---- training -------------------------------------------------------------------------------
+
+def make_optimizer(args, model, world):
+    if args.optimizer == "adamw":
+        return torch.optim.AdamW(model.parameters(), lr=args.adamw_lr, betas=(0.9, 0.95),
+                                 weight_decay=args.weight_decay)
+    from muon_offload.torch import InProcessMuon, OffloadMuon
+    d = args.d_model
+    common = dict(lr=args.lr, momentum=0.95, nesterov=True, weight_decay=args.weight_decay,
+                  adamw_lr=args.adamw_lr, adamw_betas=(0.9, 0.95), mode=args.mode,
+                  row_splits={f"blocks.{i}.qkv.weight": [d, d, d] for i in range(args.layers)})
+    if args.optimizer == "offload":
+        return OffloadMuon(model.named_parameters(), **common)
+    return InProcessMuon(model.named_parameters(), threads=args.threads, **common)
+
+
+def train(rank: int, world: int, args) -> dict:
+    torch.set_num_threads(1)
+    torch.manual_seed(args.seed)
+    text = load_corpus(args.corpus)
+    chars = sorted(set(text))
+    stoi = {c: i for i, c in enumerate(chars)}
+    data = torch.tensor([stoi[c] for c in text], dtype=torch.long)
+    n_val = len(data) // 20
+    train_data, val_data = data[:-n_val], data[-n_val:]
+    model = CharGPT(len(chars), args.d_model, args.layers, args.heads, args.context)
+    opt = make_optimizer(args, model, world)
+    warm = max(1, args.steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warm) * (1.0 - 0.9 * s / max(1, args.steps)))
+    gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
+
+    def batch(src, g):
+        ix = torch.randint(len(src) - args.context - 1, (args.batch,), generator=g)
+        x = torch.stack([src[i:i + args.context] for i in ix])
+        y = torch.stack([src[i + 1:i + 1 + args.context] for i in ix])
+        return x, y
+
+    def allreduce_mean_(flat):
+        if world > 1:
+            flat.div_(world)
+            dist.all_reduce(flat)
+        return flat
+
+    losses, tok_s, opt_ms = [], [], []
+    tokens = args.batch * args.context * world
+    t_start = time.perf_counter()
+    for step in range(args.steps):
+        t0 = time.perf_counter()
+        x, y = batch(train_data, gen)
+        opt.zero_grad(set_to_none=True)
+        loss = model(x, y)
+        loss.backward()
+        t_opt = time.perf_counter()
+        if args.optimizer == "adamw" and world > 1:  # data-parallel mean of the gradients
+            ps = [p for p in model.parameters() if p.grad is not None]
+            flat = allreduce_mean_(torch.cat([p.grad.reshape(-1) for p in ps]))
+            pos = 0
+            for p in ps:
+                p.grad.copy_(flat[pos:pos + p.numel()].view_as(p))
+                pos += p.numel()
+        opt.step()
+        sched.step()
+        if args.optimizer == "adamw":
+            exposed = time.perf_counter() - t_opt
+        else:
+            exposed = opt.exposed_seconds
+        global_loss = allreduce_mean_(loss.detach().reshape(1).clone()).item()
+        dt = time.perf_counter() - t0
+        losses.append(global_loss)
+        tok_s.append(tokens / dt)
+        opt_ms.append(exposed * 1000)
+        if rank == 0 and (step % args.log_every == 0 or step + 1 == args.steps):
+            print(f"[{args.optimizer}] step {step:4d}  loss {global_loss:.4f}  "
+                  f"{tokens / dt:8.0f} tok/s  optimizer exposed {exposed * 1000:7.2f} ms",
+                  flush=True)
+    wall = time.perf_counter() - t_start
+    # Held-out loss on fixed batches (same on every rank and run).
+    model.eval()
+    g = torch.Generator().manual_seed(4242)
+    with torch.no_grad():
+        val = sum(model(*batch(val_data, g)).item() for _ in range(args.eval_batches))
+    val /= args.eval_batches
+    if hasattr(opt, "close"):
+        opt.close()
+    return {
+        "optimizer": args.optimizer, "mode": args.mode if args.optimizer != "adamw" else None,
+        "world": world, "steps": args.steps, "losses": losses, "val_loss": val,
+        "loss_unit": "nats/char",
+        "unigram_entropy_nats": unigram_entropy(text), "vocab": len(chars),
+        "corpus_chars": len(text), "tokens_per_step": tokens,
+        "tokens_per_s_median": statistics.median(tok_s),
+        "optimizer_exposed_ms_median": statistics.median(opt_ms),
+        "optimizer_exposed_ms_mean": statistics.fmean(opt_ms),
+        "train_wall_s": wall,
+        "params": sum(p.numel() for p in model.parameters()),
+        "config": {k: v for k, v in vars(args).items()},
+    }
+
+
+def run_rank(rank: int, world: int, args, init: str):
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        result = train(rank, world, args)
+        if rank == 0 and args.out:
+            pathlib.Path(args.out).write_text(json.dumps(result, indent=1))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--optimizer", choices=["offload", "inprocess", "adamw"], default="offload")
+    ap.add_argument("--mode", choices=["server_reduce", "shard"], default="server_reduce")
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--world", type=int, default=1, help="ranks to spawn (gloo, CPU); ignored "
+                    "when RANK/WORLD_SIZE are set (torchrun)")
+    ap.add_argument("--batch", type=int, default=16, help="sequences per rank per step")
+    ap.add_argument("--context", type=int, default=64)
+    ap.add_argument("--d-model", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--lr", type=float, default=0.02, help="Muon learning rate")
+    ap.add_argument("--adamw-lr", type=float, default=3e-3,
+                    help="AdamW learning rate (embeddings, head, norms; all of --optimizer adamw)")
+    ap.add_argument("--weight-decay", type=float, default=0.0)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="OpenBLAS threads of the in-process kernels (= the server's --threads)")
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--eval-batches", type=int, default=8)
+    ap.add_argument("--log-every", type=int, default=1)
+    ap.add_argument("--corpus", default=CORPUS)
+    ap.add_argument("--out", help="write losses and measurements here (JSON)")
+    args = ap.parse_args(argv)
+
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        if world > 1:
+            run_rank(rank, world, args, "env://")
+            return
+    if args.world > 1:
+        with socket.socket() as s:  # a free port for the rendezvous
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        torch.multiprocessing.spawn(run_rank, args=(args.world, args, f"tcp://127.0.0.1:{port}"),
+                                    nprocs=args.world, join=True)
+        return
+    result = train(0, 1, args)
+    if args.out:
+        pathlib.Path(args.out).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
