@@ -754,16 +754,7 @@ class OffloadMuon(_MuonBase):
 
     def _server_last_step(self, m: _Meta) -> int:
         """The last step the server applied to a parameter (-1: none)."""
-        try:
-            return self._client.fetch_momentum(m.name, torch.empty(m.numel, dtype=torch.float32))
-        except ConnectionLost as e:
-            # Workaround: the server answers a momentum fetch of a parameter without any applied
-            # step with step -1, which the client library's message validation rejects as bad
-            # data, dropping the connection. That answer means "no step": reconnect and say so.
-            if "'step' = -1" not in str(e):
-                self._fail(e)
-            self._client.reconnect()
-            return -1
+        return self._client.fetch_momentum(m.name, torch.empty(m.numel, dtype=torch.float32))
 
     def _adopt_server_state(self) -> None:
         for p in self._muon_params:
