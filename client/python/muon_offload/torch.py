@@ -435,7 +435,7 @@ class OffloadMuon(_MuonBase):
         if grad_dtype not in _TORCH_DTYPE or update_dtype not in _TORCH_DTYPE:
             raise InvalidArgument("grad_dtype and update_dtype must be 'f32' or 'bf16'")
         self.servers = list(servers)
-        self._assign = dict(assign or {})
+        self._assign = dict(assign or {}) or _plan_owners(os.environ.get("MUON_OFFLOAD_PLAN"))
         self._grad_dtype, self._update_dtype = grad_dtype, update_dtype
         self._client: Optional[Client] = None
         self._pushed: Dict[torch.Tensor, int] = {}  # param -> step being gathered
@@ -771,6 +771,29 @@ class OffloadMuon(_MuonBase):
 
 
 # ---------------------------------------------------------------------------------------------
+
+def _plan_owners(path: Optional[str]) -> Dict[str, int]:
+    """Owner server (index into MUON_OFFLOAD_SERVERS) of each parameter named in a plan written
+    by `muon-offload plan` (``MUON_OFFLOAD_PLAN``, set by scripts/muon-offload-launch). Parameters
+    the plan does not name are placed by cost as without a plan."""
+    if not path:
+        return {}
+    import json
+    try:
+        with open(path) as f:
+            plan = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"MUON_OFFLOAD_PLAN '{path}': {e}") from None
+    # The launcher lists this node's servers in the plan's order: map global ids to that order.
+    node_servers = {}
+    for node in plan.get("nodes", []):
+        for i, s in enumerate(node.get("servers", [])):
+            node_servers.setdefault(node.get("node_rank"), {})[s["id"]] = i
+    node_rank = int(os.environ.get("SLURM_NODEID", os.environ.get("NODE_RANK",
+                                                                  os.environ.get("GROUP_RANK", 0))))
+    local = node_servers.get(node_rank, {})
+    return {p["name"]: local[p["owner"]] for p in plan.get("parameters", []) if p.get("owner") in local}
+
 
 # OffloadMuon's arguments that InProcessMuon accepts and ignores, so the classes swap freely.
 _OFFLOAD_ONLY = {"servers", "assign", "grad_dtype", "update_dtype", "connect_timeout_s",

@@ -63,7 +63,6 @@ LAUNCH_CHECK = textwrap.dedent("""
     from muon_offload.torch import OffloadMuon
     servers = os.environ["MUON_OFFLOAD_SERVERS"].split(",")
     assert len(servers) == 2 and os.environ["MUON_OFFLOAD_RUN_DIR"], servers
-    assert os.environ["MUON_OFFLOAD_PLAN"].endswith("plan.json")
     m = TinyNet()
     opt = OffloadMuon(m.named_parameters())          # servers from the environment
     assert {{opt._meta[p].server for p in opt._muon_params}} == {{0, 1}}
@@ -77,8 +76,6 @@ def test_launch_script_runs_a_trainer_against_two_servers(tmpdir_private):
     daemon_dir = os.path.dirname(find_binary("muon-offloadd", "daemon"))
     # a build tree (<build>/daemon, <build>/cli) or one folder holding both binaries
     bin_dir = os.path.dirname(daemon_dir) if daemon_dir.endswith("/daemon") else daemon_dir
-    plan = tmpdir_private / "plan.json"
-    plan.write_text("{}")
     script = tmpdir_private / "trainer.py"
     here = os.path.dirname(os.path.abspath(__file__))
     script.write_text(LAUNCH_CHECK.format(pkg=here, pkg_parent=os.path.dirname(here)))
@@ -86,7 +83,7 @@ def test_launch_script_runs_a_trainer_against_two_servers(tmpdir_private):
     snap = tmpdir_private / "final.safetensors"
     r = subprocess.run([str(REPO / "scripts" / "muon-offload-launch"), "--cpu", "--servers", "2",
                         "--bin-dir", bin_dir, "--run-dir", str(run_dir), "--snapshot", str(snap),
-                        "--plan", str(plan), "--", sys.executable, str(script)],
+                        "--", sys.executable, str(script)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 7, r.stderr            # the trainer's exit code
     # SIGTERM at the end: each server wrote its final snapshot and removed its socket
@@ -97,3 +94,45 @@ def test_launch_script_runs_a_trainer_against_two_servers(tmpdir_private):
     bad = subprocess.run([str(REPO / "scripts" / "muon-offload-launch"), "--bogus"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "unknown option" in bad.stderr
+
+
+PLAN = {
+    "schema": "muon-offload-plan/1",
+    "nodes": [{"node_rank": 0, "host": "node0",
+               "servers": [{"id": 0, "cuda_visible_devices": "3", "socket_name": "gpu3.sock",
+                            "numactl": ""},
+                           {"id": 1, "cuda_visible_devices": "7", "socket_name": "gpu7.sock",
+                            "numactl": "--cpunodebind=0 --membind=0"}],
+               "compute": {"cuda_visible_devices": "0,1,2,4,5,6"}}],
+    "ranks": [{"rank": 0, "node_rank": 0, "endpoints": [{"server": 0, "same_host": True},
+                                                        {"server": 1, "same_host": True}]}],
+    "parameters": [{"name": "fc1.weight", "owner": 1}, {"name": "fc2.weight", "owner": 0},
+                   {"name": "not.in.this.model", "owner": 1}],
+}
+
+
+def test_plan_gives_servers_sockets_and_owners(tmpdir_private, monkeypatch):
+    import json
+    from muon_offload import torch as mt
+    daemon_dir = os.path.dirname(find_binary("muon-offloadd", "daemon"))
+    bin_dir = os.path.dirname(daemon_dir) if daemon_dir.endswith("/daemon") else daemon_dir
+    plan = tmpdir_private / "plan.json"
+    plan.write_text(json.dumps(PLAN))
+    r = subprocess.run([str(REPO / "scripts" / "muon-offload-launch"), "--cpu", "--plan", str(plan),
+                        "--bin-dir", bin_dir, "--", "bash", "-c",
+                        'for s in ${MUON_OFFLOAD_SERVERS//,/ }; do basename $s; done; '
+                        'echo "plan=$MUON_OFFLOAD_PLAN"'],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.split()
+    assert lines[:2] == ["gpu3.sock", "gpu7.sock"], r.stdout   # the plan's servers, in order
+    assert lines[2] == f"plan={plan}"
+    # OffloadMuon sends each parameter the plan names to its owner (index into the servers).
+    monkeypatch.setenv("NODE_RANK", "0")
+    assert mt._plan_owners(str(plan)) == {"fc1.weight": 1, "fc2.weight": 0,
+                                          "not.in.this.model": 1}
+    bad = dict(PLAN, nodes=[])
+    plan.write_text(json.dumps(bad))
+    r = subprocess.run([str(REPO / "scripts" / "muon-offload-launch"), "--cpu", "--plan", str(plan),
+                        "--bin-dir", bin_dir, "--", "true"], capture_output=True, text=True)
+    assert r.returncode == 2 and "has no node 0" in r.stderr, r.stderr
