@@ -1,6 +1,7 @@
 #include "daemon/step_reducer.hpp"
 
 #include <algorithm>
+#include <cstring>
 
 #include "core/error.hpp"
 
@@ -35,7 +36,6 @@ void StepReducer::restart(int64_t step) {
   for (auto& st : ranks_) {
     st.pushed.clear();
     st.committed = false;
-    st.touched = false;
   }
 }
 
@@ -63,21 +63,44 @@ void StepReducer::add(int rank, int64_t offset, std::span<const float> values) {
   }
   --it;
   const auto index = static_cast<size_t>(it - push.begin());
-  // Zero-filled with -0.0f, the exact additive identity (-0 + x == x bitwise, also for x = +0),
-  // so a first push gives exactly the values.
-  if (!st.touched) {
-    st.values.assign(static_cast<size_t>(st.packed_size), -0.0f);  // reuses the allocation
-    st.touched = true;
+  // Elements this rank already pushed in this step accumulate (gradient accumulation, in push
+  // order); the others are written as they come: bitwise -0 + v == v, without a fill pass over
+  // the buffer. `pushed` is the rank's coverage: sorted, disjoint, merged.
+  if (st.values.size() != static_cast<size_t>(st.packed_size)) {
+    st.values.resize(static_cast<size_t>(st.packed_size));  // once: kept across steps
   }
-  float* dst = st.values.data() + st.packed_begin[index] + (offset - it->begin);
-  // Repeated pushes of an element within a step add up in push order (gradient accumulation);
-  add_into(dst, values.data(), n);
-  // Coalesce with the previous chunk when contiguous (the common streaming case).
-  if (!st.pushed.empty() && st.pushed.back().end == offset) {
-    st.pushed.back().end = offset + n;
-  } else {
-    st.pushed.push_back({offset, offset + n});
+  float* base = st.values.data() + st.packed_begin[index] + (offset - it->begin);
+  const int64_t end = offset + n;
+  auto cov = std::lower_bound(st.pushed.begin(), st.pushed.end(), offset,
+                              [](const Range& r, int64_t pos) { return r.end <= pos; });
+  for (int64_t pos = offset; pos < end;) {
+    if (cov == st.pushed.end() || cov->begin >= end) {
+      std::memcpy(base + (pos - offset), values.data() + (pos - offset),
+                  static_cast<size_t>(end - pos) * sizeof(float));
+      break;
+    }
+    if (cov->begin > pos) {
+      std::memcpy(base + (pos - offset), values.data() + (pos - offset),
+                  static_cast<size_t>(cov->begin - pos) * sizeof(float));
+      pos = cov->begin;
+    }
+    const int64_t stop = std::min(end, cov->end);
+    add_into(base + (pos - offset), values.data() + (pos - offset), stop - pos);
+    pos = stop;
+    ++cov;
   }
+  // Merge [offset, end) into the coverage (the common streaming case appends at the back).
+  auto first = std::lower_bound(st.pushed.begin(), st.pushed.end(), offset,
+                                [](const Range& r, int64_t pos) { return r.end < pos; });
+  auto last = first;
+  Range merged{offset, end};
+  while (last != st.pushed.end() && last->begin <= end) {
+    merged.begin = std::min(merged.begin, last->begin);
+    merged.end = std::max(merged.end, last->end);
+    ++last;
+  }
+  first = st.pushed.erase(first, last);
+  st.pushed.insert(first, merged);
 }
 
 void StepReducer::commit(int rank) {
@@ -139,6 +162,16 @@ void StepReducer::reduce(float* grad) const {
   }
   // -0.0f: see add(). Then ranks in ascending order, whatever order they arrived in: every
   // element's sum is (v_r0 + v_r1) + v_r2 + ..., which makes the result bitwise reproducible.
+  if (layout_.contributors == 1) {  // every element has one contributor: its value, copied
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      const auto& push = layout_.ranks[r].push;
+      for (size_t i = 0; i < push.size(); ++i) {
+        std::memcpy(grad + push[i].begin, ranks_[r].values.data() + ranks_[r].packed_begin[i],
+                    static_cast<size_t>(push[i].size()) * sizeof(float));
+      }
+    }
+    return;
+  }
   std::fill(grad, grad + layout_.spec.shape.numel(), -0.0f);
   for (size_t r = 0; r < ranks_.size(); ++r) {
     const auto& st = ranks_[r];

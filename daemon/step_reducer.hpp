@@ -50,9 +50,8 @@ class StepReducer {
   int64_t step_;
   struct RankState {
     std::vector<float> values;  // packed over the rank's push ranges, in range order
-    std::vector<Range> pushed;  // element ranges received (may overlap: accumulation)
+    std::vector<Range> pushed;  // coverage this step: sorted, disjoint, merged element ranges
     bool committed = false;
-    bool touched = false;               // `values` holds this step's data (else stale)
     std::vector<int64_t> packed_begin;  // index in `values` of each push range's first element
     int64_t packed_size = 0;            // total elements of the rank's push ranges
   };
