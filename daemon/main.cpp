@@ -2,6 +2,8 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <malloc.h>
+
 #include <CLI/CLI.hpp>
 #include <cstdlib>
 #include <iostream>
@@ -60,6 +62,11 @@ int main(int argc, char** argv) {
   if (const char* env = std::getenv("SPDLOG_LEVEL"); env && *env) log_level = env;
   spdlog::set_level(spdlog::level::from_str(log_level));
   spdlog::flush_on(spdlog::level::warn);
+
+  // Keep freed buffers in the process: glibc would otherwise hand large blocks back to the kernel
+  // and every step would fault fresh pages in again (~1.2 GB/s against ~25 GB/s into warm ones).
+  mallopt(M_MMAP_THRESHOLD, 512 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
 
   int rc = 0;
   try {

@@ -1,0 +1,307 @@
+// muon_offload_bench: what the server costs a trainer, measured against references in the same
+// run (architecture guide section 9):
+//   transport/<tile>       tile streaming into a live server vs memcpy of the same bytes
+//   step/gpt2_small/<k>    one optimizer step of GPT-2 small's 48 Muon matrices through the server
+//                          with k client ranks vs the same kernels in process, and the time
+//                          exposed after the last push when pushes are paced like backward
+//                          (after one untimed warm-up step)
+#include <benchmark/benchmark.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <thread>
+
+#include "client/client.hpp"
+#include "client/health_probe.hpp"
+#include "kernels/backend.hpp"
+
+extern char** environ;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using namespace muon;
+namespace fs = std::filesystem;
+
+double seconds(Clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
+
+// OpenBLAS threads of the server and of the in-process reference: the same, so the comparison is
+// kernel for kernel.
+int cpu_threads() {
+  const char* env = std::getenv("MUON_BENCH_CPU_THREADS");
+  return env ? std::atoi(env) : 2;
+}
+
+// A muon-offloadd process on a private socket.
+class Server {
+ public:
+  explicit Server(uint64_t slot_kib) {
+    char tmpl[] = "/tmp/muon-bench-XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    socket_ = dir_ + "/s.sock";
+    std::vector<std::string> args = {MUON_OFFLOADD,
+                                     "--socket",
+                                     socket_,
+                                     "--threads",
+                                     std::to_string(cpu_threads()),
+                                     "--slot-kib",
+                                     std::to_string(slot_kib),
+                                     "--log-level",
+                                     "warn",
+                                     "--step-timeout-ms",
+                                     "600000"};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    if (posix_spawn(&pid_, argv[0], nullptr, nullptr, argv.data(), environ) != 0) {
+      throw std::runtime_error("cannot start " + args[0]);
+    }
+    client::wait_healthy(socket_, std::chrono::seconds(20));
+  }
+  ~Server() {
+    kill(pid_, SIGTERM);
+    int st = 0;
+    waitpid(pid_, &st, 0);
+    fs::remove_all(dir_);
+  }
+  const std::string& socket() const { return socket_; }
+
+ private:
+  std::string dir_, socket_;
+  pid_t pid_ = 0;
+};
+
+client::ParameterRegistration param(const std::string& name, int64_t r, int64_t c,
+                                    std::vector<transport::Range> push) {
+  client::ParameterRegistration p;
+  p.name = name;
+  p.shape = {r, c};
+  p.push = std::move(push);
+  p.want = {{0, r * c}};
+  p.options.orthogonalize.algorithm = NsAlgorithm::plain;
+  return p;
+}
+
+// ---- transport ---------------------------------------------------------------------------------
+
+// Streams a 64 MiB fp32 gradient in tiles of `tile` bytes into a live server, one full push per
+// step, and times until the server has taken every tile out of shared memory (Client::flush);
+// the step's Newton-Schulz and the update's way back run after that, untimed. The parameter is a
+// stack of 16384 matrices of 32x32 so that Newton-Schulz stays cheap on a CPU. The reference
+// copies the same tiles, in the same order, into a warm buffer of the parameter's size with
+// memcpy in this process: the cost of moving these bytes once. One untimed step first warms the
+// server's buffers (steady state, as from a trainer's second step on).
+void BM_Transport(benchmark::State& state) {
+  const int64_t tile = state.range(0);
+  const int64_t elems = 16 << 20;  // 64 MiB fp32
+  Server server(static_cast<uint64_t>(tile) / 1024);
+  client::ClientConfig cfg;
+  cfg.servers = {server.socket()};
+  cfg.op_timeout = std::chrono::minutes(5);
+  client::Client c(cfg);
+  client::ParameterRegistration reg = param("w", 32, 32, {{0, elems}});
+  reg.shape = {elems / (32 * 32), 32, 32};
+  reg.want = {{0, 1024}};  // only a little comes back: the way back is not measured here
+  c.register_parameters({reg});
+  std::vector<float> src(static_cast<size_t>(elems), 0.5f);
+  std::vector<float> dst(static_cast<size_t>(elems), 0.0f);
+  std::vector<float> update(1024);
+  const int64_t per_tile = tile / 4;
+  int64_t step = 0;
+  auto push_step = [&] {
+    const auto t0 = Clock::now();
+    for (int64_t off = 0; off < elems; off += per_tile)
+      c.push("w", step, off, src.data() + off, per_tile);
+    c.flush();
+    const double t = seconds(Clock::now() - t0);
+    c.commit("w", step);
+    c.wait_update("w", step, update.data());
+    ++step;
+    return t;
+  };
+  push_step();  // warm-up
+  double stream_s = 0, memcpy_s = 0;
+  int64_t bytes = 0;
+  for (auto _ : state) {
+    const double t = push_step();
+    stream_s += t;
+    const auto t0 = Clock::now();
+    for (int64_t off = 0; off < elems; off += per_tile) {
+      std::memcpy(dst.data() + off, src.data() + off, static_cast<size_t>(tile));
+      benchmark::DoNotOptimize(dst.data());
+    }
+    memcpy_s += seconds(Clock::now() - t0);
+    bytes += elems * 4;
+    state.SetIterationTime(t);
+  }
+  state.counters["tile_GBps"] = static_cast<double>(bytes) / stream_s / 1e9;
+  state.counters["memcpy_GBps"] = static_cast<double>(bytes) / memcpy_s / 1e9;
+  state.counters["tile_bw/memcpy_bw"] = memcpy_s / stream_s;
+}
+BENCHMARK(BM_Transport)
+    ->Name("transport")
+    ->Arg(256 << 10)
+    ->Arg(1 << 20)
+    ->Arg(4 << 20)
+    ->UseManualTime()
+    ->Iterations(5)
+    ->Unit(benchmark::kMillisecond);
+
+// ---- one optimizer step of GPT-2 small ---------------------------------------------------------
+
+struct Matrix {
+  std::string name;
+  int64_t rows, cols;
+};
+
+// GPT-2 small (124M): 12 blocks x (attn.c_attn 768x2304, attn.c_proj 768x768, mlp.c_fc
+// 768x3072, mlp.c_proj 3072x768) = 48 Muon matrices, in backward order (last block first).
+std::vector<Matrix> gpt2_small() {
+  std::vector<Matrix> m;
+  for (int b = 11; b >= 0; --b) {
+    const std::string p = "h." + std::to_string(b) + ".";
+    m.push_back({p + "mlp.c_proj", 3072, 768});
+    m.push_back({p + "mlp.c_fc", 768, 3072});
+    m.push_back({p + "attn.c_proj", 768, 768});
+    m.push_back({p + "attn.c_attn", 768, 2304});
+  }
+  return m;
+}
+
+void BM_Step(benchmark::State& state) {
+  const int clients = static_cast<int>(state.range(0));
+  const auto mats = gpt2_small();
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal;
+  std::vector<std::vector<float>> grads;
+  for (const auto& m : mats) {
+    grads.emplace_back(static_cast<size_t>(m.rows * m.cols));
+    for (auto& x : grads.back()) x = normal(rng);
+  }
+
+  // Reference: the same kernels in process, one matrix after the other, warm buffers (the second
+  // of two passes is timed).
+  BackendConfig bc;
+  bc.cpu_threads = cpu_threads();
+  auto backend = make_backend("cpu", bc);
+  std::vector<double> ns_time(mats.size());
+  double inprocess_s = 0;
+  {
+    MuonOptions o;
+    std::vector<std::vector<float>> mom, upd;
+    for (const auto& g : grads) {
+      mom.emplace_back(g.size(), 0.0f);
+      upd.emplace_back(g.size(), 0.0f);
+    }
+    for (int pass = 0; pass < 2; ++pass) {
+      inprocess_s = 0;
+      for (size_t i = 0; i < mats.size(); ++i) {
+        const auto& m = mats[i];
+        const auto t0 = Clock::now();
+        backend->muon_update(m.name, {1, m.rows, m.cols}, grads[i].data(), mom[i].data(),
+                             upd[i].data(), o);
+        ns_time[i] = seconds(Clock::now() - t0);
+        inprocess_s += ns_time[i];
+      }
+    }
+  }
+
+  Server server(4096);
+  // Each rank pushes its row shard (contributors = 1): the Newton-Schulz work is the same for any
+  // number of clients; more clients only split the bytes.
+  std::vector<std::unique_ptr<client::Client>> cs(static_cast<size_t>(clients));
+  std::vector<std::thread> connect;
+  for (int r = 0; r < clients; ++r) {
+    connect.emplace_back([&, r] {
+      client::ClientConfig cfg;
+      cfg.servers = {server.socket()};
+      cfg.rank = r;
+      cfg.world_size = clients;
+      cfg.op_timeout = std::chrono::minutes(10);
+      cs[r] = std::make_unique<client::Client>(cfg);
+      std::vector<client::ParameterRegistration> regs;
+      for (const auto& m : mats) {
+        const int64_t rows = m.rows / clients;
+        regs.push_back(
+            param(m.name, m.rows, m.cols, {{r * rows * m.cols, (r + 1) * rows * m.cols}}));
+      }
+      cs[r]->register_parameters(regs);
+    });
+  }
+  for (auto& t : connect) t.join();
+
+  // Backward pacing: gradient i becomes ready `pace` after gradient i-1, as a GPU backward would
+  // produce them; `pace` = the mean in-process NS time of one matrix, so a server that keeps up
+  // hides all but the last matrices' NS.
+  const auto pace = std::chrono::duration<double>(inprocess_s / mats.size());
+  int64_t step = 0;
+  double offload_s = 0, exposed_s = 0, burst_s = 0;
+  bool warm = false;  // one untimed step first: the server's buffers are then warm, as in training
+  for (auto _ : state) {
+    // (a) burst: everything pushed at once; (b) paced like backward.
+    for (int mode = warm ? 0 : -1; mode < 2; ++mode) {
+      std::vector<Clock::time_point> last_push(static_cast<size_t>(clients));
+      std::vector<Clock::time_point> done(static_cast<size_t>(clients));
+      const auto t0 = Clock::now();
+      std::vector<std::thread> ranks;
+      for (int r = 0; r < clients; ++r) {
+        ranks.emplace_back([&, r] {
+          for (size_t i = 0; i < mats.size(); ++i) {
+            if (mode == 1) std::this_thread::sleep_until(t0 + pace * static_cast<double>(i));
+            const auto& m = mats[i];
+            const int64_t rows = m.rows / clients, off = r * rows * m.cols;
+            cs[r]->push(m.name, step, off, grads[i].data() + off, rows * m.cols);
+            cs[r]->commit(m.name, step);
+          }
+          last_push[r] = Clock::now();
+          std::vector<float> u;
+          for (const auto& m : mats) {
+            u.resize(static_cast<size_t>(m.rows * m.cols));
+            cs[r]->wait_update(m.name, step, u.data());
+          }
+          done[r] = Clock::now();
+        });
+      }
+      for (auto& t : ranks) t.join();
+      const auto end = *std::max_element(done.begin(), done.end());
+      const auto pushed = *std::max_element(last_push.begin(), last_push.end());
+      if (mode < 0) {
+        warm = true;
+      } else if (mode == 0) {
+        burst_s += seconds(end - t0);
+      } else {
+        exposed_s += seconds(end - pushed);
+        offload_s += seconds(end - t0);
+      }
+      ++step;
+    }
+    state.SetIterationTime(burst_s);
+  }
+  const double iters = static_cast<double>(state.iterations());
+  state.counters["inprocess_s"] = inprocess_s;
+  state.counters["offload_s"] = burst_s / iters;
+  state.counters["offload/inprocess"] = burst_s / iters / inprocess_s;
+  state.counters["exposed_s"] = exposed_s / iters;
+  state.counters["last_ns_s"] = ns_time.back();
+  state.counters["exposed/last_ns"] = exposed_s / iters / ns_time.back();
+}
+BENCHMARK(BM_Step)
+    ->Name("step/gpt2_small")
+    ->Arg(1)
+    ->Arg(4)
+    ->ArgName("clients")
+    ->UseManualTime()
+    ->Iterations(1)
+    ->Unit(benchmark::kSecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();
