@@ -9,6 +9,7 @@
 #include "plan/cost_model.hpp"
 #include "plan/ns_cost.hpp"
 #include "plan/plan.hpp"
+#include "read_text.hpp"
 #include "topology/nvidia_smi_topo.hpp"
 #include "topology/topology_json.hpp"
 
@@ -18,11 +19,7 @@ using namespace muon::plan;
 namespace {
 
 std::string read(const std::string& path) {
-  std::ifstream f(path);
-  EXPECT_TRUE(f.good()) << path;
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+  return muon::testing::read_text(path);
 }
 
 ModelConfig model(const std::string& file) {

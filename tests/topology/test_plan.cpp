@@ -11,6 +11,7 @@
 #include "plan/plan.hpp"
 #include "plan/plan_json.hpp"
 #include "plan/plan_table.hpp"
+#include "read_text.hpp"
 #include "topology/nvidia_smi_topo.hpp"
 #include "topology/topology_json.hpp"
 #include "topology/topology_source.hpp"
@@ -22,11 +23,7 @@ using topology::Machine;
 namespace {
 
 std::string read(const std::string& path) {
-  std::ifstream f(path);
-  EXPECT_TRUE(f.good()) << path;
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+  return muon::testing::read_text(path);
 }
 
 Machine fixture(const std::string& name) {

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "core/error.hpp"
+#include "read_text.hpp"
 #include "topology/domains.hpp"
 #include "topology/nvidia_smi_topo.hpp"
 
@@ -14,11 +15,7 @@ using namespace muon::topology;
 namespace {
 
 std::string fixture(const std::string& name) {
-  std::ifstream f(std::string(MUON_TOPOLOGY_FIXTURES) + "/" + name);
-  EXPECT_TRUE(f.good()) << name;
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+  return muon::testing::read_text(std::string(MUON_TOPOLOGY_FIXTURES) + "/" + name);
 }
 
 std::vector<std::vector<int>> domain_gpus(const std::vector<Domain>& ds) {
