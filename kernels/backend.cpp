@@ -14,6 +14,20 @@
 namespace muon {
 namespace {
 
+// dst (cols x rows) = factor * src^T, src rows x cols, row-major; in 32 x 32 tiles so that both
+// sides stay in cache (a plain double loop strides one side by a whole row per element).
+void transpose_scaled(const float* src, float* dst, int64_t rows, int64_t cols, float factor) {
+  constexpr int64_t kTile = 32;
+  for (int64_t i0 = 0; i0 < rows; i0 += kTile) {
+    const int64_t i1 = std::min(rows, i0 + kTile);
+    for (int64_t j0 = 0; j0 < cols; j0 += kTile) {
+      const int64_t j1 = std::min(cols, j0 + kTile);
+      for (int64_t i = i0; i < i1; ++i)
+        for (int64_t j = j0; j < j1; ++j) dst[j * rows + i] = factor * src[i * cols + j];
+    }
+  }
+}
+
 bool all_finite(const float* x, int64_t n) {
   bool ok = true;
   for (int64_t i = 0; i < n; ++i) ok &= is_finite_bits(x[i]);
@@ -51,8 +65,7 @@ bool Backend::orthogonalize(std::string_view matrix_name, const MatrixShape& sha
       if (!tall) {
         std::memcpy(dst, src, sizeof(float) * block);
       } else {
-        for (int64_t i = 0; i < rb; ++i)
-          for (int64_t j = 0; j < c; ++j) dst[j * rb + i] = src[i * c + j];
+        transpose_scaled(src, dst, rb, c, 1.0f);
       }
     }
     newton_schulz_batch(work_.data(), shape.batch, m, k, coefficients, options);
@@ -64,8 +77,7 @@ bool Backend::orthogonalize(std::string_view matrix_name, const MatrixShape& sha
       if (!tall) {
         for (int64_t i = 0; i < block; ++i) dst[i] = factor * src[i];
       } else {
-        for (int64_t i = 0; i < rb; ++i)
-          for (int64_t j = 0; j < c; ++j) dst[i * c + j] = factor * src[j * rb + i];
+        transpose_scaled(src, dst, c, rb, factor);
       }
     }
     row0 += rb;
