@@ -102,12 +102,7 @@ int count_segments_mapped(pid_t pid) {
   std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
   std::string line;
   int n = 0;
-  while (std::getline(maps, line)) {
-    if (line.find("/dev/shm/muon-") != std::string::npos) {
-      ++n;
-      std::cerr << "still mapped: " << line << "\n";
-    }
-  }
+  while (std::getline(maps, line)) n += line.find("/dev/shm/muon-") != std::string::npos;
   return n;
 }
 
@@ -189,7 +184,9 @@ TEST(ServerIntegration, KilledClientGivesOthersAClearErrorAndLosesNothing) {
   EXPECT_NE(err.message.find("rank 1"), std::string::npos) << err.message;
   // The server is still up and has unmapped the lost client's shared memory.
   EXPECT_TRUE(alive(server.pid()));
-  std::this_thread::sleep_for(200ms);
+  for (int i = 0; i < 500 && count_segments_mapped(server.pid()) > 0; ++i) {
+    std::this_thread::sleep_for(10ms);  // the server notices both closed sockets
+  }
   EXPECT_EQ(count_segments_mapped(server.pid()), 0);
   // Nothing of step 1 reached the momentum: rerunning step 1 (and 2) with both ranks gives the
   // uninterrupted run's updates.
@@ -339,7 +336,7 @@ TEST(ServerIntegration, SessionMemoryIsMappedWhileConnectedAndReclaimedAfter) {
     EXPECT_NE(mapped.find("(deleted)"), std::string::npos) << mapped;
     EXPECT_FALSE(fs::exists(name)) << name;
   }
-  for (int i = 0; i < 100 && count_segments_mapped(server.pid()) > 0; ++i) {
+  for (int i = 0; i < 500 && count_segments_mapped(server.pid()) > 0; ++i) {
     std::this_thread::sleep_for(10ms);
   }
   EXPECT_EQ(count_segments_mapped(server.pid()), 0);
