@@ -110,18 +110,8 @@ void StepReducer::commit(int rank) {
   auto& st = ranks_[static_cast<size_t>(rank)];
   if (st.packed_size == 0) throw InvalidArgument(who(rank) + ": this rank pushes nothing");
   if (st.committed) throw InvalidArgument(who(rank) + ": already committed this step");
-  // Merge what was received, then walk the push ranges against it.
-  std::sort(st.pushed.begin(), st.pushed.end(),
-            [](const Range& a, const Range& b) { return a.begin < b.begin; });
-  std::vector<Range> merged;
-  for (const auto& g : st.pushed) {
-    if (!merged.empty() && g.begin <= merged.back().end) {
-      merged.back().end = std::max(merged.back().end, g.end);
-    } else {
-      merged.push_back(g);
-    }
-  }
-  st.pushed = merged;
+  // `pushed` is already sorted and merged by add(): walk the push ranges against it.
+  const auto& merged = st.pushed;
   size_t m = 0;
   for (const auto& g : layout_.ranks[static_cast<size_t>(rank)].push) {
     int64_t pos = g.begin;  // first element of g not yet known to be covered
