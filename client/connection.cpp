@@ -141,7 +141,10 @@ void Connection::expect_updates(const std::string& name, std::vector<transport::
     p.want_elems += r.size();
   }
   p.elem_bytes = elem_bytes;
-  p.buffer.assign(static_cast<size_t>(p.want_elems) * elem_bytes, std::byte{0});
+  p.receiving.assign(static_cast<size_t>(p.want_elems) * elem_bytes, std::byte{0});
+  p.receiving_step = -1;
+  p.complete.clear();
+  p.spare.clear();
 }
 
 void Connection::push(const std::string& name, int64_t step, int64_t offset, const std::byte* data,
@@ -190,7 +193,7 @@ void Connection::flush() {
 bool Connection::update_ready(const std::string& name, int64_t step) {
   std::lock_guard lk(mu_);
   auto it = params_.find(name);
-  return it != params_.end() && it->second.complete_step == step;
+  return it != params_.end() && it->second.complete.count(step) != 0;
 }
 
 bool Connection::wait_update(const std::string& name, int64_t step, std::byte* dst) {
@@ -207,7 +210,8 @@ bool Connection::wait_update(const std::string& name, int64_t step, std::byte* d
     return nullptr;
   };
   const bool ok = cv_.wait_until(lk, deadline(), [&] {
-    return p.complete_step == step || error_for() != nullptr || !lost_.empty();
+    return p.complete.count(step) != 0 || step <= p.dropped_through || error_for() != nullptr ||
+           !lost_.empty();
   });
   if (const auto* e = error_for()) {
     ServerError err("muon-offloadd at '" + path_ + "': " + e->message, e->code, e->param, e->step,
@@ -215,13 +219,24 @@ bool Connection::wait_update(const std::string& name, int64_t step, std::byte* d
     p.errors.clear();
     throw err;
   }
-  if (p.complete_step == step) {
-    std::memcpy(dst, p.buffer.data(), p.buffer.size());
-    return p.applied;
+  if (auto c = p.complete.find(step); c != p.complete.end()) {
+    std::memcpy(dst, c->second.values.data(), c->second.values.size());
+    const bool applied = c->second.applied;
+    // This step and every earlier one are done with: recycle their buffers.
+    for (auto d = p.complete.begin(); d != p.complete.end() && d->first <= step;) {
+      p.spare.push_back(std::move(d->second.values));
+      d = p.complete.erase(d);
+    }
+    return applied;
   }
   if (!lost_.empty())
     throw_lost("waiting for the update of '" + name + "' step " + std::to_string(step));
   (void)ok;
+  if (step <= p.dropped_through) {
+    throw InvalidArgument("the update of '" + name + "' step " + std::to_string(step) +
+                          " was dropped unread: more than " + std::to_string(kMaxHeldUpdates) +
+                          " later steps arrived before it was asked for");
+  }
   throw Timeout("the update of '" + name + "' step " + std::to_string(step) +
                 " did not arrive from '" + path_ + "' within " + ms_text(op_timeout_));
 }
@@ -263,6 +278,10 @@ std::string Connection::snapshot(const std::string& path) {
 transport::HealthOk Connection::health() {
   const auto id = send_request(MessageType::health, "{}");
   return transport::decode<transport::HealthOk>(wait_reply(id, "a health check").payload);
+}
+
+void Connection::send_step_report(const transport::StepReport& report) {
+  send_frame(MessageType::step_report, transport::encode(report));
 }
 
 void Connection::set_update_callback(UpdateCallback cb) {
@@ -353,7 +372,7 @@ void Connection::handle_update(const transport::Update& u) {
       if (u.step != p.receiving_step) {
         p.receiving_step = u.step;
         p.received = 0;
-        p.applied = true;
+        p.receiving_applied = true;
       }
       // Find the want range holding the chunk; its packed position follows.
       auto it =
@@ -363,14 +382,29 @@ void Connection::handle_update(const transport::Update& u) {
         const size_t w = static_cast<size_t>(it - p.want.begin() - 1);
         if (u.offset + u.count <= p.want[w].end) {
           const int64_t pos = p.want_prefix[w] + (u.offset - p.want[w].begin);
-          std::memcpy(p.buffer.data() + pos * p.elem_bytes, src,
+          std::memcpy(p.receiving.data() + pos * p.elem_bytes, src,
                       static_cast<size_t>(u.count) * p.elem_bytes);
           p.received += u.count;
         }
       }
-      p.applied = p.applied && u.applied;
+      p.receiving_applied = p.receiving_applied && u.applied;
       if (u.last && p.received == p.want_elems) {
-        p.complete_step = u.step;
+        // Hand the step over and start the next one in a recycled (warm) buffer.
+        const size_t bytes = p.receiving.size();
+        auto& done = p.complete[u.step];
+        done.applied = p.receiving_applied;
+        std::swap(done.values, p.receiving);
+        if (!p.spare.empty()) {
+          p.receiving = std::move(p.spare.back());
+          p.spare.pop_back();
+        }
+        p.receiving.resize(bytes);
+        p.receiving_step = -1;
+        while (p.complete.size() > kMaxHeldUpdates) {
+          p.dropped_through = std::max(p.dropped_through, p.complete.begin()->first);
+          p.spare.push_back(std::move(p.complete.begin()->second.values));
+          p.complete.erase(p.complete.begin());
+        }
         complete = true;
         cb = callback_;
       }

@@ -69,6 +69,8 @@ class Connection {
   std::string snapshot(const std::string& path);
   /// Health check.
   transport::HealthOk health();
+  /// Sends a step report (no answer; a malformed one would come back as an error).
+  void send_step_report(const transport::StepReport& report);
 
   void set_update_callback(UpdateCallback cb);
   /// Announces the want ranges and update dtype of a parameter before its first update.
@@ -80,6 +82,9 @@ class Connection {
   std::string lost_reason();
 
  private:
+  /// Complete updates held per parameter before the oldest unread one is dropped.
+  static constexpr size_t kMaxHeldUpdates = 16;
+
   struct Reply {
     bool done = false;
     transport::Frame frame;
@@ -90,11 +95,22 @@ class Connection {
     std::vector<int64_t> want_prefix;  // packed position of each want range
     int64_t want_elems = 0;
     size_t elem_bytes = 4;
-    std::vector<std::byte> buffer;
+    // The step being received: chunks land in `receiving` until the step's last one.
+    std::vector<std::byte> receiving;
     int64_t receiving_step = -1;
     int64_t received = 0;
-    int64_t complete_step = -1;
-    bool applied = true;
+    bool receiving_applied = true;
+    // Complete updates not yet taken by wait_update, by step. A rank that pushes nothing to a
+    // parameter is not paced by the server: its updates for later steps can arrive before it
+    // asks for an earlier one, so each complete step is kept until it is taken (or superseded:
+    // wait_update(s) drops every step below s; at most kMaxHeldUpdates are kept).
+    struct Complete {
+      std::vector<std::byte> values;
+      bool applied = true;
+    };
+    std::map<int64_t, Complete> complete;
+    int64_t dropped_through = -1;  // steps <= this were dropped unread (kMaxHeldUpdates)
+    std::vector<std::vector<std::byte>> spare;      // recycled buffers (warm pages)
     std::map<int64_t, transport::ErrorMsg> errors;  // by step (-1: any)
     std::vector<float> momentum;
     int64_t momentum_step = -1;

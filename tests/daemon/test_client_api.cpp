@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <mutex>
+#include <thread>
 
 #include "client/client.hpp"
 #include "scenario.hpp"
@@ -383,5 +384,56 @@ TEST(ClientApi, MomentumOfAParameterThatNeverSteppedIsZerosAtStepMinusOne) {
   EXPECT_THROW(c.fetch_momentum("nope"), InvalidArgument);  // refused locally: not registered
   const auto g = gradient(16, 0);
   EXPECT_EQ(run_step(c, "v", 0, g).size(), 16u);
+  fs::remove_all(dir);
+}
+
+// A rank that pushes nothing to a parameter is not paced by the server: the contributing rank can
+// run several steps ahead. Each complete update is kept until asked for (this once lost step 0 to
+// step 1 and timed out: a flake of the empty-shard equivalence test), and one asked for after more
+// than Connection::kMaxHeldUpdates later steps is refused with a reason, not awaited forever.
+TEST(ClientApi, NonContributingRankGetsEveryStepEvenWhenItAsksLate) {
+  const auto dir = temp_dir();
+  ServerProcess server(dir);
+  auto cfg0 = config_for(server.socket());
+  cfg0.world_size = 2;
+  auto cfg1 = cfg0;
+  cfg1.rank = 1;
+  auto reg1 = one_param("w", {8, 16});
+  auto reg0 = reg1;
+  reg0.push.clear();  // rank 0 only receives
+  client::Client c0(cfg0), c1(cfg1);
+  std::thread t([&] { c0.register_parameters({reg0}); });
+  c1.register_parameters({reg1});
+  t.join();
+  Reference ref(reg1);
+  constexpr int64_t kSteps = 20;
+  std::vector<std::vector<float>> expected;
+  for (int64_t s = 0; s < kSteps; ++s) {
+    const auto g = gradient(128, s);
+    expected.push_back(ref.step(g));
+    ASSERT_TRUE(same_bits(run_step(c1, "w", s, g), expected.back())) << "step " << s;
+  }
+  // All 20 updates have reached rank 0's connection (same server, sent in order) once the
+  // last one is ready.
+  for (int i = 0; i < 1000 && !c0.update_ready("w", kSteps - 1); ++i)
+    std::this_thread::sleep_for(10ms);
+  std::vector<float> u(128);
+  // The oldest ones were dropped unread (16 are kept): a clear error, not a wait.
+  EXPECT_THROW(c0.wait_update("w", 0, u.data()), InvalidArgument);
+  for (int64_t s = kSteps - 16; s < kSteps; ++s) {
+    ASSERT_TRUE(c0.update_ready("w", s)) << "step " << s;
+    c0.wait_update("w", s, u.data());
+    EXPECT_TRUE(same_bits(u, expected[s])) << "step " << s;
+  }
+  // And while it keeps up, asking late by a few steps loses nothing.
+  for (int64_t s = kSteps; s < kSteps + 3; ++s) {
+    const auto g = gradient(128, s);
+    expected.push_back(ref.step(g));
+    run_step(c1, "w", s, g);
+  }
+  for (int64_t s = kSteps; s < kSteps + 3; ++s) {
+    c0.wait_update("w", s, u.data());
+    EXPECT_TRUE(same_bits(u, expected[s])) << "step " << s;
+  }
   fs::remove_all(dir);
 }
