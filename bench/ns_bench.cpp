@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "bench/gemm_reference.hpp"
+#include "bench/model_shapes.hpp"
 #include "core/error.hpp"
 #include "kernels/backend.hpp"
 
@@ -53,29 +54,13 @@ int cpu_threads() {
   return kCpuThreadsDefault;
 }
 
-struct Shape {
-  const char* model;
-  const char* param;
-  int64_t rows;
-  int64_t cols;
-  bool large;  // Llama-3-8B: name prefix "large/"
-};
+// GPT-2 small and Llama-3-8B parameter shapes, shared with muon_gpu_bench.
+using Shape = muon::bench::ModelShape;
+constexpr const auto& kShapes = muon::bench::kModelShapes;
 
 // CPU runs above this many nominal flops (4096x4096 and the 14336 shapes, 2..5.5 TFLOP, tens of
 // seconds each on 2 cores) get one iteration, no warm-up, and a bracketed reference (run_ns).
 constexpr double kHeavyFlops = 5e11;
-
-// Parameter shapes as the checkpoints store them (GPT-2: HF Conv1D [in, out]; Llama: [out, in]).
-constexpr Shape kShapes[] = {
-    {"gpt2", "attn.c_proj", 768, 768, false},
-    {"gpt2", "attn.c_attn", 768, 2304, false},
-    {"gpt2", "mlp.c_fc", 768, 3072, false},
-    {"gpt2", "mlp.c_proj", 3072, 768, false},
-    {"llama3_8b", "q_proj,o_proj", 4096, 4096, true},
-    {"llama3_8b", "k_proj,v_proj", 1024, 4096, true},
-    {"llama3_8b", "gate_proj,up_proj", 14336, 4096, true},
-    {"llama3_8b", "down_proj", 4096, 14336, true},
-};
 
 struct Algo {
   const char* name;
@@ -98,7 +83,7 @@ std::vector<float> random_matrix(int64_t n) {
 }
 
 std::string label(const Shape& s) {
-  return std::string(s.model) + " " + s.param;
+  return muon::bench::shape_label(s);
 }
 
 // The reference alone: its own rate, for reading next to the NS rows.

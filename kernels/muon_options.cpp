@@ -39,7 +39,12 @@ std::vector<int64_t> row_blocks(const OrthogonalizeOptions& options, const Matri
       throw InvalidArgument("matrix '" + std::string(matrix_name) +
                             "': row split sizes must be positive, got " + std::to_string(r));
     }
-    total += r;
+    // Huge splits must not wrap around (signed overflow) to the row count.
+    if (__builtin_add_overflow(total, r, &total)) {
+      throw InvalidArgument("matrix '" + std::string(matrix_name) +
+                            "': row splits add up to more than 2^63 but the matrix has " +
+                            std::to_string(shape.rows) + " rows");
+    }
   }
   if (total != shape.rows) {
     throw InvalidArgument("matrix '" + std::string(matrix_name) + "': row splits add up to " +

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 
 #include "core/error.hpp"
@@ -318,6 +319,15 @@ TEST(CpuNewtonSchulz, BadInputIsAClearErrorNamingTheMatrix) {
         backend->orthogonalize("attn.qkv", {1, 8, 8}, buf.data(), out.data(), bad_split);
       },
       "add up to 6");
+  // Found by fuzz_registration (UBSan): these splits wrapped around int64 to exactly 8 rows and
+  // were accepted, so Newton-Schulz ran on blocks far past the buffers.
+  OrthogonalizeOptions wrapping_split;
+  wrapping_split.row_splits = {INT64_MAX, INT64_MAX, 10};
+  expect_error(
+      [&] {
+        backend->orthogonalize("attn.qkv", {1, 8, 8}, buf.data(), out.data(), wrapping_split);
+      },
+      "more than 2^63");
   OrthogonalizeOptions bad_schedule;
   bad_schedule.schedule = "newton";
   expect_error(

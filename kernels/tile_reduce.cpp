@@ -1,0 +1,58 @@
+#include "kernels/tile_reduce.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "core/error.hpp"
+
+namespace muon {
+namespace {
+
+// Exact bf16 -> fp32 widening: bf16 is the upper half of an IEEE float32.
+float widen(const void* data, TileDType dtype, int64_t i) {
+  if (dtype == TileDType::f32) return static_cast<const float*>(data)[i];
+  uint16_t h;
+  std::memcpy(&h, static_cast<const uint16_t*>(data) + i, sizeof h);
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+}  // namespace
+
+std::vector<TileReduceLaunch> plan_tile_reduce(size_t sources, TileReduce mode) {
+  std::vector<TileReduceLaunch> launches;
+  for (size_t first = 0; first < sources; first += kMaxTilesPerLaunch) {
+    launches.push_back({first, std::min(kMaxTilesPerLaunch, sources - first),
+                        first == 0 && mode == TileReduce::assign});
+  }
+  return launches;
+}
+
+void reduce_tiles_host(std::span<const TileSource> sources, float* accumulator, int64_t count,
+                       TileReduce mode) {
+  if (count < 0) throw InvalidArgument("reduce_tiles: negative count " + std::to_string(count));
+  if (sources.empty() && mode == TileReduce::assign) {
+    throw InvalidArgument("reduce_tiles: assign needs at least one source");
+  }
+  if (count == 0) return;
+  if (accumulator == nullptr) throw InvalidArgument("reduce_tiles: null accumulator");
+  for (const TileSource& s : sources) {
+    if (s.data == nullptr) throw InvalidArgument("reduce_tiles: null source tile");
+  }
+  for (const TileReduceLaunch& l : plan_tile_reduce(sources.size(), mode)) {
+    for (int64_t i = 0; i < count; ++i) {
+      float acc = l.assign
+                      ? widen(sources[l.first].data, sources[l.first].dtype, i)
+                      : accumulator[i] + widen(sources[l.first].data, sources[l.first].dtype, i);
+      for (size_t j = l.first + 1; j < l.first + l.count; ++j) {
+        acc = acc + widen(sources[j].data, sources[j].dtype, i);
+      }
+      accumulator[i] = acc;
+    }
+  }
+}
+
+}  // namespace muon
