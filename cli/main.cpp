@@ -8,10 +8,12 @@
 #include <new>
 #include <string>
 
+#include "cli/command_error.hpp"
 #include "cli/health_command.hpp"
 #include "cli/orthogonalize_command.hpp"
 #include "cli/plan_command.hpp"
 #include "cli/schedules_command.hpp"
+#include "cli/status_command.hpp"
 #include "core/error.hpp"
 
 #ifndef MUON_OFFLOAD_VERSION
@@ -39,12 +41,15 @@ int main(int argc, char** argv) {
   muon::cli::add_schedules_command(app);
   muon::cli::add_health_command(app);
   muon::cli::add_plan_command(app);
+  muon::cli::add_status_command(app);
 
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
     return report(std::string(e.what()) + " (see muon-offload --help)", kExitUsage);
+  } catch (const muon::cli::CommandFailed& e) {
+    return report(e.message(), e.exit_code);
   } catch (const muon::InvalidArgument& e) {
     return report(e.what(), kExitUsage);
   } catch (const muon::NonFiniteError& e) {

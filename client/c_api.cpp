@@ -1,6 +1,7 @@
 // The C ABI of client/muon_client.h over muon::client::Client.
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -218,6 +219,25 @@ int muon_client_snapshot(muon_client* c, int server, const char* path) {
 int muon_client_reconnect(muon_client* c) {
   return guarded([&] {
     c->impl->reconnect();
+    return MUON_OK;
+  });
+}
+
+int muon_client_report_step(muon_client* c, int64_t step, double* exposed_wait_s,
+                            int64_t* bytes_pushed, int* parameters, char* slowest,
+                            int64_t slowest_len) {
+  return guarded([&] {
+    if (!c) throw muon::InvalidArgument("muon_client_report_step: null client");
+    const auto stats = c->impl->report_step(step);
+    if (exposed_wait_s) *exposed_wait_s = stats.exposed_wait_s;
+    if (bytes_pushed) *bytes_pushed = stats.bytes_pushed;
+    if (parameters) *parameters = stats.parameters;
+    if (slowest && slowest_len > 0) {
+      const size_t n =
+          std::min(stats.slowest_parameter.size(), static_cast<size_t>(slowest_len - 1));
+      std::memcpy(slowest, stats.slowest_parameter.data(), n);
+      slowest[n] = '\0';
+    }
     return MUON_OK;
   });
 }

@@ -1,5 +1,8 @@
 #include "client/client.hpp"
 
+#include <algorithm>
+#include <cstdint>
+
 namespace muon::client {
 
 Client::Client(ClientConfig config) : config_(std::move(config)) {
@@ -11,7 +14,9 @@ Client::Client(ClientConfig config) : config_(std::move(config)) {
   connect_all();
 }
 
-Client::~Client() = default;
+Client::~Client() {
+  connections_.clear();  // joins the reader threads before the members their callbacks use go
+}
 
 void Client::connect_all() {
   connections_.clear();
@@ -20,8 +25,22 @@ void Client::connect_all() {
         path, config_.rank, config_.world_size,
         config_.name.empty() ? "rank " + std::to_string(config_.rank) : config_.name,
         config_.connect_timeout, config_.op_timeout));
-    if (callback_) connections_.back()->set_update_callback(callback_);
+    connections_.back()->set_update_callback(
+        [this](const std::string& name, int64_t step) { on_update_complete(name, step); });
   }
+}
+
+void Client::on_update_complete(const std::string& name, int64_t step) {
+  UpdateCallback cb;
+  {
+    std::lock_guard lk(callback_mu_);
+    arrivals_[{name, step}] = std::chrono::steady_clock::now();
+    // Updates nobody waits for (callback-only users) must not pile up.
+    constexpr size_t kMaxArrivals = 4096;
+    while (arrivals_.size() > kMaxArrivals) arrivals_.erase(arrivals_.begin());
+    cb = callback_;
+  }
+  if (cb) cb(name, step);
 }
 
 const ParameterRegistration& Client::registration(const std::string& name) const {
@@ -75,6 +94,7 @@ void Client::push(const std::string& name, int64_t step, int64_t offset, const v
     const int64_t n = std::min(end, inside->end) - pos;
     owner(name).push(name, step, pos, bytes + (pos - offset) * static_cast<int64_t>(esize), n,
                      esize, transport::ChunkKind::gradient);
+    window_.bytes_pushed += n * static_cast<int64_t>(esize);
     pos += n;
   }
 }
@@ -88,7 +108,51 @@ void Client::flush() {
 }
 
 bool Client::wait_update(const std::string& name, int64_t step, void* dst) {
-  return owner(name).wait_update(name, step, static_cast<std::byte*>(dst));
+  using std::chrono::steady_clock;
+  Connection& c = owner(name);
+  const auto t0 = steady_clock::now();
+  bool applied = false;
+  try {
+    applied = c.wait_update(name, step, static_cast<std::byte*>(dst));
+  } catch (...) {
+    window_.exposed_wait_s += std::chrono::duration<double>(steady_clock::now() - t0).count();
+    throw;
+  }
+  const auto t1 = steady_clock::now();
+  window_.exposed_wait_s += std::chrono::duration<double>(t1 - t0).count();
+  ++window_.parameters;
+  // When the update completed: as the reader thread recorded it, or (its callback not run yet)
+  // no later than now.
+  auto arrived = t1;
+  {
+    std::lock_guard lk(callback_mu_);
+    const auto key = std::make_pair(name, step);
+    if (auto it = arrivals_.find(key); it != arrivals_.end()) arrived = std::min(it->second, t1);
+    // This step and the earlier ones of the parameter are taken.
+    auto first = arrivals_.lower_bound({name, INT64_MIN});
+    arrivals_.erase(first, arrivals_.upper_bound(key));
+  }
+  if (window_.slowest_parameter.empty() || arrived >= latest_arrival_) {
+    latest_arrival_ = arrived;
+    window_.slowest_parameter = name;
+  }
+  return applied;
+}
+
+StepStats Client::report_step(int64_t step) {
+  StepStats stats = std::move(window_);
+  stats.step = step;
+  window_ = StepStats{};
+  latest_arrival_ = {};
+  transport::StepReport r;
+  r.step = step;
+  r.exposed_wait_ns = static_cast<int64_t>(stats.exposed_wait_s * 1e9);
+  r.bytes_pushed = stats.bytes_pushed;
+  r.parameters = stats.parameters;
+  r.slowest_parameter = stats.slowest_parameter;
+  last_stats_ = stats;
+  for (auto& c : connections_) c->send_step_report(r);
+  return stats;
 }
 
 bool Client::update_ready(const std::string& name, int64_t step) {
@@ -96,8 +160,8 @@ bool Client::update_ready(const std::string& name, int64_t step) {
 }
 
 void Client::set_update_callback(UpdateCallback cb) {
+  std::lock_guard lk(callback_mu_);
   callback_ = std::move(cb);
-  for (auto& c : connections_) c->set_update_callback(callback_);
 }
 
 std::vector<float> Client::fetch_momentum(const std::string& name, int64_t* last_step) {

@@ -5,11 +5,13 @@
 // Typical step on rank r:
 //   for each gradient as autograd produces it:  push(name, step, offset, data, count); commit(...)
 //   at optimizer.step():                         wait_update(name, step, dst) for each parameter
+//   once every update is in hand:                report_step(step)
 #pragma once
 
 #include <chrono>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -39,6 +41,16 @@ struct ParameterRegistration {
   std::vector<transport::Range> push;  ///< elements this rank contributes
   std::vector<transport::Range> want;  ///< elements of the update this rank receives
   int server = 0;                      ///< owner server: index into ClientConfig::servers
+};
+
+/// What this rank saw of one optimizer step: the figures accumulated since the previous
+/// report_step (or since the client was created).
+struct StepStats {
+  int64_t step = -1;              ///< the label given to report_step
+  double exposed_wait_s = 0.0;    ///< seconds spent blocked in wait_update
+  int64_t bytes_pushed = 0;       ///< gradient bytes pushed (grad dtype)
+  int parameters = 0;             ///< updates taken by wait_update
+  std::string slowest_parameter;  ///< of those, the one whose update arrived last ("" if none)
 };
 
 class Client {
@@ -79,6 +91,14 @@ class Client {
   /// Health of server `server`.
   transport::HealthOk health(int server = 0);
 
+  /// Closes the current step: sends a `step_report` (exposed wait, bytes pushed, parameters,
+  /// slowest parameter) to every server, where it feeds muon_offload_client_exposed_wait_seconds
+  /// and `muon-offload status`, and returns the figures; the next step's figures start at zero.
+  /// `step` is a label (the optimizer's step). Throws ConnectionLost.
+  StepStats report_step(int64_t step);
+  /// The figures of the last report_step (step -1 before the first).
+  const StepStats& last_step_stats() const { return last_stats_; }
+
   /// Drops every connection, reconnects (with the connect timeout) and registers every
   /// parameter again — for a server that restarted from its snapshot.
   void reconnect();
@@ -90,10 +110,21 @@ class Client {
  private:
   Connection& owner(const std::string& name);
   void connect_all();
+  /// Installed on every connection: records when each update completed, then calls callback_.
+  void on_update_complete(const std::string& name, int64_t step);
   ClientConfig config_;
   std::vector<std::unique_ptr<Connection>> connections_;
   std::map<std::string, ParameterRegistration> params_;
+
+  std::mutex callback_mu_;  // callback_ and arrivals_ (read by the connections' reader threads)
   UpdateCallback callback_;
+  /// When each (parameter, step) update completed, until wait_update takes it.
+  std::map<std::pair<std::string, int64_t>, std::chrono::steady_clock::time_point> arrivals_;
+
+  // The step being measured (caller's thread only, like every call but the callback).
+  StepStats window_;
+  std::chrono::steady_clock::time_point latest_arrival_{};
+  StepStats last_stats_;
 };
 
 }  // namespace muon::client

@@ -68,6 +68,16 @@ int muon_client_snapshot(muon_client* c, int server, const char* path);
 /* Reconnects to every server and registers every parameter again. */
 int muon_client_reconnect(muon_client* c);
 
+/* Closes this rank's step once it holds every update: sends a step report to every server (it
+ * feeds the server's muon_offload_client_exposed_wait_seconds and `muon-offload status`) and
+ * returns the figures accumulated since the previous report: seconds spent blocked in
+ * muon_client_wait_update, gradient bytes pushed, updates taken, and the name of the parameter
+ * whose update arrived last (NUL-terminated, truncated to slowest_len - 1 bytes). `step` is a
+ * label (the optimizer's step). Every output pointer may be NULL. */
+int muon_client_report_step(muon_client* c, int64_t step, double* exposed_wait_s,
+                            int64_t* bytes_pushed, int* parameters, char* slowest,
+                            int64_t slowest_len);
+
 /* In-process Muon with the same kernels as the server (CPU backend, `threads` OpenBLAS threads):
  * momentum (may be NULL for momentum "none") is updated in place and the update written.
  * Returns 0, or 1 when the step was skipped by the non-finite policy "skip". */

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -30,6 +31,10 @@ std::string ranks_text(const std::vector<int>& ranks) {
   std::string s;
   for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
   return "[" + s + "]";
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 std::vector<int64_t> dims_of(const MatrixShape& s) {
@@ -60,6 +65,7 @@ bool same_ranges(const std::vector<Range>& a, const std::vector<Range>& b) {
 Engine::Engine(asio::io_context& io, ServerConfig config, std::unique_ptr<Backend> backend)
     : io_(io),
       config_(std::move(config)),
+      metrics_(MUON_OFFLOAD_VERSION, backend ? std::string(backend->name()) : "none"),
       scheduler_(std::move(backend), [this](std::vector<NsJob> jobs) {
         asio::post(io_, [this, jobs = std::move(jobs)]() mutable { finish_jobs(std::move(jobs)); });
       }) {
@@ -147,22 +153,36 @@ void Engine::on_frame(const SessionPtr& s, Frame f) {
       case MessageType::goodbye:
         s->close("goodbye");
         break;
+      case MessageType::step_report:
+        on_step_report(s, f);
+        break;
       default:
         throw transport::ProtocolError("unexpected message " +
                                        transport::message_type_name(f.type) + " from a client");
     }
   } catch (const NonFiniteError& e) {
-    s->send_error({"non_finite", e.message(), "", -1, -1}, f.request_id);
+    reply_error(s, {"non_finite", e.message(), "", -1, -1}, f.request_id);
   } catch (const transport::ProtocolError& e) {
     log()->warn("session {} (rank {}): bad request: {}", s->id(), s->rank, e.message());
-    s->send_error({"bad_request", e.message(), "", -1, -1}, f.request_id);
+    reply_error(s, {"bad_request", e.message(), "", -1, -1}, f.request_id);
   } catch (const InvalidArgument& e) {
     log()->warn("session {} (rank {}): bad request: {}", s->id(), s->rank, e.message());
-    s->send_error({"bad_request", e.message(), "", -1, -1}, f.request_id);
+    reply_error(s, {"bad_request", e.message(), "", -1, -1}, f.request_id);
   } catch (const Error& e) {
     log()->error("session {} (rank {}): {}", s->id(), s->rank, e.what());
-    s->send_error({"server", e.message(), "", -1, -1}, f.request_id);
+    reply_error(s, {"server", e.message(), "", -1, -1}, f.request_id);
   }
+}
+
+void Engine::reply_error(const SessionPtr& s, const ErrorMsg& error, uint32_t request_id) {
+  metrics_.error(error.code);
+  s->send_error(error, request_id);
+}
+
+void Engine::on_step_report(const SessionPtr& s, const Frame& f) {
+  auto m = transport::decode<transport::StepReport>(f.payload);
+  metrics_.step_report(m);
+  reports_[s->id()] = std::move(m);
 }
 
 void Engine::on_hello(const SessionPtr& s, const Frame& f) {
@@ -250,6 +270,7 @@ void Engine::complete_registration(const std::string& name, Param& p) {
   try {
     p.layout.emplace(p.pending->finish());
   } catch (const InvalidArgument& e) {
+    metrics_.error("bad_request");
     for (auto& [w, req] : waiting) {
       if (auto ws = w.lock()) ws->send_error({"bad_request", e.message(), name, -1, -1}, req);
     }
@@ -349,6 +370,7 @@ void Engine::on_push(const SessionPtr& s, const Frame& f) {
       }
       std::memcpy(p.momentum.data() + m.offset, values.data(), values.size_bytes());
       p.last_step = m.step;
+      metrics_.chunk_received(m.kind, static_cast<uint64_t>(m.count) * transport::dtype_bytes(dt));
       return;
     }
     if (p.computing) {
@@ -375,10 +397,10 @@ void Engine::on_push(const SessionPtr& s, const Frame& f) {
       // A step that needs a lost rank can never complete: say so now, not at the timeout.
       for (const auto& [lost, what] : lost_ranks_) {
         if (contributes(*p.layout, lost)) {
-          s->send_error({"peer_lost",
-                         what + "; step " + std::to_string(m.step) + " of '" + m.name +
-                             "' cannot complete until it reconnects",
-                         m.name, m.step, lost});
+          reply_error(s, {"peer_lost",
+                          what + "; step " + std::to_string(m.step) + " of '" + m.name +
+                              "' cannot complete until it reconnects",
+                          m.name, m.step, lost});
           return;
         }
       }
@@ -388,11 +410,13 @@ void Engine::on_push(const SessionPtr& s, const Frame& f) {
         p.reducer_buffers.emplace(*p.layout, m.step);
       }
       p.reducer = &*p.reducer_buffers;
+      p.step_started = std::chrono::steady_clock::now();
       arm_timer(m.name, p);
     }
     p.reducer->add(s->rank, m.offset, values);
+    metrics_.chunk_received(m.kind, static_cast<uint64_t>(m.count) * transport::dtype_bytes(dt));
   } catch (const InvalidArgument& e) {
-    s->send_error({"bad_request", e.message(), m.name, m.step, s->rank}, f.request_id);
+    reply_error(s, {"bad_request", e.message(), m.name, m.step, s->rank}, f.request_id);
   }
 }
 
@@ -407,7 +431,7 @@ void Engine::on_commit(const SessionPtr& s, const Frame& f) {
     p.reducer->commit(s->rank);
     if (p.reducer->complete()) start_compute(m.name, p);
   } catch (const InvalidArgument& e) {
-    s->send_error({"bad_request", e.message(), m.name, m.step, s->rank}, f.request_id);
+    reply_error(s, {"bad_request", e.message(), m.name, m.step, s->rank}, f.request_id);
   }
 }
 
@@ -428,6 +452,9 @@ void Engine::start_compute(const std::string& name, Param& p) {
   p.reducer = nullptr;
   job.momentum =
       job.options.momentum.convention == MomentumConvention::none ? nullptr : p.momentum.data();
+  const auto every = static_cast<uint64_t>(std::max<int64_t>(config_.health_sample_every, 0));
+  job.sample_health = every > 0 && p.updates_started % every == 0;
+  ++p.updates_started;
   p.computing = true;
   scheduler_.submit(std::move(job));
 }
@@ -441,11 +468,17 @@ void Engine::finish_jobs(std::vector<NsJob> jobs) {
     p.last_step = job.step;
     if (!job.error.empty()) {
       log()->warn("parameter '{}' step {}: {}", job.name, job.step, job.error);
+      metrics_.error(job.error_code);
+      metrics_.step_done("refused");
       broadcast(p, {job.error_code, job.error, job.name, job.step, -1});
       p.grad = std::move(job.grad);
       continue;
     }
     send_update(job.name, p, job);
+    metrics_.step_done(job.applied ? "applied" : "skipped");
+    if (job.applied) metrics_.newton_schulz(job.shape, job.compute_seconds);
+    metrics_.step_latency(seconds_since(p.step_started));
+    if (job.health) observe_health(job.name, p, job);
     p.grad = std::move(job.grad);
     p.update = std::move(job.update);
   }
@@ -462,7 +495,7 @@ void Engine::finish_jobs(std::vector<NsJob> jobs) {
             transport::encode(transport::SnapshotOk{req.first, static_cast<int>(params_.size())}),
             req.second);
       } catch (const Error& e) {
-        ws->send_error({"snapshot", e.message(), "", -1, -1}, req.second);
+        reply_error(ws, {"snapshot", e.message(), "", -1, -1}, req.second);
       }
     }
     maybe_finish_shutdown();
@@ -499,6 +532,7 @@ void Engine::send_update(const std::string& name, Param& p, const NsJob& job) {
         u.kind = transport::ChunkKind::gradient;
         u.last = w + 1 == want.size() && off + count == want[w].end;
         u.applied = job.applied;
+        metrics_.chunk_returned(transport::ChunkKind::gradient, data.size());
         s->send_chunk(std::move(u), std::move(data));
       }
     }
@@ -521,6 +555,7 @@ void Engine::arm_timer(const std::string& name, Param& p) {
       const std::string msg = "registration of '" + name + "' incomplete after " + ms +
                               " ms: ranks " + ranks_text(missing) + " have not registered it";
       log()->warn("{}", msg);
+      metrics_.error("timeout");
       for (auto& [w, req] : q.waiting) {
         if (auto ws = w.lock()) ws->send_error({"timeout", msg, name, -1, -1}, req);
       }
@@ -541,6 +576,7 @@ void Engine::arm_timer(const std::string& name, Param& p) {
 
 void Engine::drop_step(const std::string& name, Param& p, const ErrorMsg& error, int except_rank) {
   log()->warn("{}", error.message);
+  metrics_.error(error.code);
   if (p.timer) p.timer->cancel();
   p.timer.reset();
   p.reducer = nullptr;
@@ -550,6 +586,7 @@ void Engine::drop_step(const std::string& name, Param& p, const ErrorMsg& error,
 
 void Engine::on_closed(const SessionPtr& s, const std::string& why) {
   sessions_.erase(s->id());
+  reports_.erase(s->id());
   const int rank = s->rank;
   if (rank >= 0) {
     auto it = ranks_.find(rank);
@@ -591,6 +628,8 @@ void Engine::write_snapshot_now(const std::string& path) {
         {name, dims_of(p.layout->spec.shape), p.last_step, p.layout->spec.options, p.momentum});
   }
   write_snapshot(path, entries);
+  last_snapshot_path_ = path;
+  last_snapshot_time_ = std::chrono::system_clock::now();
   log()->info("snapshot of {} parameter(s) written to {}", entries.size(), path);
 }
 
@@ -607,7 +646,7 @@ void Engine::on_snapshot(const SessionPtr& s, const Frame& f) {
   try {
     write_snapshot_now(path);
   } catch (const Error& e) {
-    s->send_error({"snapshot", e.message(), "", -1, -1}, f.request_id);
+    reply_error(s, {"snapshot", e.message(), "", -1, -1}, f.request_id);
     return;
   }
   s->send(MessageType::snapshot_ok,
@@ -626,7 +665,7 @@ void Engine::on_state_fetch(const SessionPtr& s, const Frame& f) {
     }
   } catch (const InvalidArgument& e) {
     // Named after the parameter, so that only this fetch fails on the client.
-    s->send_error({"bad_request", e.message(), m.name, -1, s->rank}, f.request_id);
+    reply_error(s, {"bad_request", e.message(), m.name, -1, s->rank}, f.request_id);
     return;
   }
   Param& p = *pp;
@@ -643,41 +682,129 @@ void Engine::on_state_fetch(const SessionPtr& s, const Frame& f) {
     u.count = count;
     u.kind = transport::ChunkKind::momentum;
     u.last = off + count == n;
+    metrics_.chunk_returned(transport::ChunkKind::momentum, data.size());
     s->send_chunk(std::move(u), std::move(data));
   }
 }
 
 std::string Engine::status_json() const {
-  nlohmann::json j;
+  using nlohmann::json;
+  json j;
+  j["server_version"] = "muon-offloadd " MUON_OFFLOAD_VERSION;
+  j["backend"] = std::string(scheduler_.backend().name());
+  j["uptime_s"] = metrics_.uptime_seconds();
   j["world_size"] = world_size_;
   j["stopping"] = stopping_;
   j["queued"] = scheduler_.queued();
-  auto& sessions = j["sessions"] = nlohmann::json::array();
+  int64_t in_flight = 0;
+  for (const auto& [name, p] : params_) in_flight += p.computing ? 1 : 0;
+  j["in_flight"] = in_flight;
+  auto& sessions = j["sessions"] = json::array();
   for (const auto& [id, w] : sessions_) {
-    if (auto s = w.lock()) {
-      sessions.push_back({{"id", id},
-                          {"rank", s->rank},
-                          {"client", s->client_name},
-                          {"pending_chunks", s->pending_chunks()}});
+    auto s = w.lock();
+    if (!s) continue;
+    json e{{"id", id},
+           {"rank", s->rank},
+           {"client", s->client_name},
+           {"pending_chunks", s->pending_chunks()}};
+    if (auto r = reports_.find(id); r != reports_.end()) {
+      e["last_report"] = {{"step", r->second.step},
+                          {"exposed_wait_s", static_cast<double>(r->second.exposed_wait_ns) * 1e-9},
+                          {"bytes_pushed", r->second.bytes_pushed},
+                          {"parameters", r->second.parameters},
+                          {"slowest_parameter", r->second.slowest_parameter}};
     }
+    sessions.push_back(std::move(e));
   }
-  auto& params = j["parameters"] = nlohmann::json::array();
+  auto& params = j["parameters"] = json::array();
   for (const auto& [name, p] : params_) {
-    nlohmann::json e{{"name", name},
-                     {"registered", p.layout.has_value()},
-                     {"last_step", p.last_step},
-                     {"computing", p.computing}};
+    json e{{"name", name},
+           {"registered", p.layout.has_value()},
+           {"last_step", p.last_step},
+           {"computing", p.computing}};
     if (p.layout) {
       e["shape"] = p.layout->spec.shape.str();
       e["contributors"] = p.layout->contributors;
+    } else if (p.pending) {
+      e["missing_ranks"] = p.pending->missing_ranks();  // ranks that have not registered it
     }
     if (p.reducer) {
       e["gathering_step"] = p.reducer->step();
       e["missing_ranks"] = p.reducer->missing_ranks();
     }
-    params.push_back(e);
+    if (p.health) {
+      json h{{"step", p.health_step}, {"nonfinite", p.health->nonfinite}};
+      if (std::isnan(p.health->orthogonality_error)) {
+        h["orthogonality_error"] = nullptr;
+      } else {
+        h["orthogonality_error"] = p.health->orthogonality_error;
+      }
+      e["health"] = std::move(h);
+    }
+    params.push_back(std::move(e));
   }
+  auto& errors = j["errors"] = json::object();
+  for (const auto& [code, n] : metrics_.error_counts()) errors[code] = static_cast<int64_t>(n);
+  if (last_snapshot_time_) {
+    const auto t = *last_snapshot_time_;
+    j["last_snapshot"] = {
+        {"path", last_snapshot_path_},
+        {"unix_time", std::chrono::duration<double>(t.time_since_epoch()).count()},
+        {"age_s", std::chrono::duration<double>(std::chrono::system_clock::now() - t).count()}};
+  } else {
+    j["last_snapshot"] = nullptr;
+  }
+  j["snapshot_path"] = config_.snapshot_path;
+  j["metrics_url"] = metrics_url_;
+  j["health_sample_every"] = config_.health_sample_every;
   return j.dump();
+}
+
+void Engine::refresh_metrics() {
+  MetricsState st;
+  for (const auto& [id, w] : sessions_) {
+    auto s = w.lock();
+    if (!s || s->closed()) continue;
+    ++st.sessions_open;
+    if (s->rank >= 0) ++st.clients_connected;
+  }
+  for (const auto& [name, p] : params_) {
+    if (!p.layout) continue;
+    ++st.parameters_registered;
+    st.scheduler_in_flight += p.computing ? 1 : 0;
+    st.gathering += p.reducer ? 1 : 0;
+    st.momentum_bytes += static_cast<int64_t>(p.momentum.size() * sizeof(float));
+  }
+  st.scheduler_queued = static_cast<int64_t>(scheduler_.queued());
+  st.last_snapshot = last_snapshot_time_;
+  metrics_.set_state(st);
+}
+
+void Engine::observe_health(const std::string& name, Param& p, const NsJob& job) {
+  const NumericHealth& h = *job.health;
+  metrics_.health(name, h);
+  p.health = h;
+  p.health_step = job.step;
+  if (!p.health_threshold) {
+    p.health_threshold = config_.health_warn_threshold
+                             ? *config_.health_warn_threshold
+                             : default_health_threshold(job.options.orthogonalize);
+  }
+  const double limit = *p.health_threshold;
+  const bool bad = h.nonfinite > 0 || !(h.orthogonality_error <= limit);
+  if (bad && !p.unhealthy) {
+    // Once per episode: again only after a sample back within the threshold.
+    log()->warn(
+        "parameter '{}' step {}: numeric health: orthogonality error {:.4g} (threshold {:.4g}, "
+        "||X X^T - I||_F/sqrt(m) of the unscaled Newton-Schulz output, schedule {}), {} "
+        "non-finite value(s)",
+        name, job.step, h.orthogonality_error, limit, job.options.orthogonalize.schedule,
+        h.nonfinite);
+  } else if (!bad && p.unhealthy) {
+    log()->info("parameter '{}' step {}: numeric health back within the threshold ({:.4g})", name,
+                job.step, h.orthogonality_error);
+  }
+  p.unhealthy = bad;
 }
 
 // ---- shutdown --------------------------------------------------------------------------------

@@ -11,6 +11,7 @@
 
 #include "transport/asio.hpp"
 
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
@@ -18,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/metrics.hpp"
 #include "daemon/registration.hpp"
 #include "daemon/scheduler.hpp"
 #include "daemon/server_config.hpp"
@@ -45,8 +47,18 @@ class Engine {
   /// thread.
   void shutdown(std::function<void()> done);
 
-  /// Readable state for `status` (JSON text).
+  /// Readable state for `status` (JSON text): server version, uptime, world size, sessions
+  /// (rank, client, pending chunks, last step report), parameters (shape, last step,
+  /// contributors, the step being gathered and its missing ranks, computing, last numeric-health
+  /// sample), the scheduler queue, errors by code, the last snapshot (path, unix time, age) and
+  /// the metrics endpoint.
   std::string status_json() const;
+
+  /// The server's metrics; refresh_metrics() sets their state gauges (call before rendering).
+  Metrics& metrics() { return metrics_; }
+  void refresh_metrics();
+  /// Where the metrics endpoint listens (for status), "" when there is none.
+  void set_metrics_url(std::string url) { metrics_url_ = std::move(url); }
 
  private:
   struct Param {
@@ -60,6 +72,12 @@ class Engine {
     std::vector<float> grad, update;             // recycled through each step's NsJob
     bool computing = false;
     std::unique_ptr<boost::asio::steady_timer> timer;
+    std::chrono::steady_clock::time_point step_started;  // first chunk of the step gathered
+    uint64_t updates_started = 0;         // steps handed to the worker (numeric-health sampling)
+    std::optional<NumericHealth> health;  // last sample
+    int64_t health_step = -1;             // its step
+    std::optional<double> health_threshold;
+    bool unhealthy = false;  // the last sample exceeded the threshold (warned once)
   };
 
   void on_hello(const SessionPtr& s, const transport::Frame& f);
@@ -68,6 +86,10 @@ class Engine {
   void on_commit(const SessionPtr& s, const transport::Frame& f);
   void on_snapshot(const SessionPtr& s, const transport::Frame& f);
   void on_state_fetch(const SessionPtr& s, const transport::Frame& f);
+  void on_step_report(const SessionPtr& s, const transport::Frame& f);
+  /// Counts the error in the metrics and sends it to `s`.
+  void reply_error(const SessionPtr& s, const transport::ErrorMsg& error, uint32_t request_id = 0);
+  void observe_health(const std::string& name, Param& p, const NsJob& job);
 
   Param& registered_param(const std::string& name, const SessionPtr& s);
   void complete_registration(const std::string& name, Param& p);
@@ -86,6 +108,7 @@ class Engine {
 
   boost::asio::io_context& io_;
   ServerConfig config_;
+  Metrics metrics_;  // before scheduler_: built from the backend's name before it moves there
   Scheduler scheduler_;
   std::map<std::string, Param> params_;
   std::map<std::string, SnapshotEntry> restored_;
@@ -97,7 +120,11 @@ class Engine {
   int world_size_ = 0;
   std::vector<std::pair<std::weak_ptr<Session>, std::pair<std::string, uint32_t>>>
       snapshot_waiters_;
-  std::vector<float> widen_;  // bf16 -> fp32 scratch for pushes
+  std::vector<float> widen_;                           // bf16 -> fp32 scratch for pushes
+  std::map<uint64_t, transport::StepReport> reports_;  // last step report, by session id
+  std::string last_snapshot_path_;
+  std::optional<std::chrono::system_clock::time_point> last_snapshot_time_;
+  std::string metrics_url_;
   bool stopping_ = false;
   std::function<void()> shutdown_done_;
 };

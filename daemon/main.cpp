@@ -5,6 +5,7 @@
 #include <malloc.h>
 
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <cstdlib>
 #include <iostream>
 
@@ -17,6 +18,7 @@ int main(int argc, char** argv) {
   std::string log_level = "info";
   int64_t step_timeout_ms = config.step_timeout.count();
   uint64_t slot_kib = config.layout.slot_bytes / 1024;
+  std::string health_threshold = "auto";
 
   CLI::App app{
       "muon-offloadd: a persistent Muon optimizer server (momentum + Newton-Schulz) "
@@ -53,7 +55,33 @@ int main(int argc, char** argv) {
                "Accept clients of other uids (default: only this uid)");
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
       ->capture_default_str();
+  app.add_option("--metrics-port", config.metrics_port,
+                 "TCP port of the Prometheus endpoint GET /metrics (0: no endpoint)")
+      ->capture_default_str();
+  app.add_option("--metrics-address", config.metrics_address,
+                 "IP address the metrics endpoint binds to")
+      ->capture_default_str();
+  app.add_option("--health-sample-every", config.health_sample_every,
+                 "Measure the orthogonality error and non-finite values of every Nth update of "
+                 "each parameter (0: off)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
+      ->capture_default_str();
+  app.add_option("--health-warn-threshold", health_threshold,
+                 "Warn when a sampled orthogonality error exceeds this; auto: per schedule, the "
+                 "largest |s^2-1| over the band it promises (keller: 0.535)")
+      ->check([](const std::string& v) -> std::string {
+        if (v == "auto") return "";
+        try {
+          size_t used = 0;
+          const double x = std::stod(v, &used);
+          if (used == v.size() && x >= 0.0 && std::isfinite(x)) return "";
+        } catch (const std::exception&) {
+        }
+        return "must be 'auto' or a number >= 0, got '" + v + "'";
+      })
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  if (health_threshold != "auto") config.health_warn_threshold = std::stod(health_threshold);
   config.step_timeout = std::chrono::milliseconds(step_timeout_ms);
   config.layout.slot_bytes = slot_kib * 1024;
 

@@ -1,6 +1,7 @@
 #include "daemon/scheduler.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <utility>
 
@@ -22,6 +23,10 @@ bool all_finite(const std::vector<float>& x) {
   bool ok = true;
   for (float v : x) ok &= is_finite_bits(v);
   return ok;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 bool keeps_momentum(const NsJob& job) {
@@ -162,11 +167,26 @@ void Scheduler::run_one(NsJob& job) {
     momentum_buf_.assign(job.momentum, job.momentum + n);
     momentum = momentum_buf_.data();
   }
+  const auto t0 = std::chrono::steady_clock::now();
   const bool ok = guarded(job, [&] {
     job.applied = backend_->muon_update(job.name, job.shape, job.grad.data(), momentum,
                                         job.update.data(), job.options);
   });
+  job.compute_seconds = seconds_since(t0);
   if (ok && momentum != nullptr) std::copy(momentum, momentum + n, job.momentum);
+  if (ok) sample_health(job);
+}
+
+void Scheduler::sample_health(NsJob& job) {
+  job.health.reset();
+  if (!job.sample_health || !job.applied || !job.error.empty()) return;
+  try {
+    job.health =
+        measure_numeric_health(job.update.data(), job.shape, job.options.orthogonalize, gram_buf_);
+  } catch (const std::exception&) {
+    // Options and shape were validated by the backend call that just succeeded; a measurement
+    // that still fails is left out rather than failing the step.
+  }
 }
 
 void Scheduler::run_batch(std::vector<NsJob>& jobs) {
@@ -207,6 +227,7 @@ void Scheduler::run_batch(std::vector<NsJob>& jobs) {
   const MatrixShape shape{total, first.shape.rows, first.shape.cols};
   const std::string name = first.name + " (+" + std::to_string(batch.size() - 1) + " batched)";
   bool applied = false;
+  const auto t0 = std::chrono::steady_clock::now();
   try {
     applied = backend_->muon_update(name, shape, grad_buf_.data(),
                                     momentum ? momentum_buf_.data() : nullptr, update_buf_.data(),
@@ -217,16 +238,19 @@ void Scheduler::run_batch(std::vector<NsJob>& jobs) {
     for (NsJob* j : batch) run_one(*j);
     return;
   }
+  const double seconds = seconds_since(t0);
   at = 0;
   for (NsJob* j : batch) {
     const int64_t n = j->shape.numel();
     j->error.clear();
     j->error_code.clear();
     j->applied = applied;
+    j->compute_seconds = seconds * static_cast<double>(n) / static_cast<double>(total * slice);
     j->update.assign(update_buf_.begin() + at, update_buf_.begin() + at + n);
     if (momentum)
       std::copy(momentum_buf_.begin() + at, momentum_buf_.begin() + at + n, j->momentum);
     at += n;
+    sample_health(*j);
   }
 }
 

@@ -9,10 +9,12 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "daemon/numeric_health.hpp"
 #include "kernels/backend.hpp"
 
 namespace muon::daemon {
@@ -23,14 +25,19 @@ struct NsJob {
   int64_t step = 0;
   MatrixShape shape;
   MuonOptions options;
-  std::vector<float> grad;    ///< reduced gradient, shape.numel() fp32 (consumed)
-  float* momentum = nullptr;  ///< the parameter's fp32 momentum; the caller must not touch it
-                              ///< until the job comes back (null for convention none)
-  std::vector<float> update;  ///< out: shape.numel() fp32
-  bool applied = false;       ///< out: false when skipped by the non-finite policy
-  std::string error;          ///< out: non-empty when the backend refused the step (the
-                              ///< momentum is then untouched)
-  std::string error_code;     ///< out: "non_finite", "bad_request", "backend"
+  std::vector<float> grad;     ///< reduced gradient, shape.numel() fp32 (consumed)
+  float* momentum = nullptr;   ///< the parameter's fp32 momentum; the caller must not touch it
+                               ///< until the job comes back (null for convention none)
+  std::vector<float> update;   ///< out: shape.numel() fp32
+  bool applied = false;        ///< out: false when skipped by the non-finite policy
+  std::string error;           ///< out: non-empty when the backend refused the step (the
+                               ///< momentum is then untouched)
+  std::string error_code;      ///< out: "non_finite", "bad_request", "backend"
+  bool sample_health = false;  ///< in: measure the update's numeric health (numeric_health.hpp)
+  std::optional<NumericHealth> health;  ///< out: set when sampled and the step was applied
+  /// out: seconds of the backend call (momentum + Newton-Schulz + scale) spent on this job; a
+  /// batched call is shared among its jobs in proportion to their elements.
+  double compute_seconds = 0.0;
 };
 
 /// A single worker thread over one backend.
@@ -53,6 +60,7 @@ class Scheduler {
   void run();
   void run_batch(std::vector<NsJob>& jobs);  // jobs of equal rows, cols and options
   void run_one(NsJob& job);
+  void sample_health(NsJob& job);  // fills job.health when asked for and applied
   std::unique_ptr<Backend> backend_;
   std::function<void(std::vector<NsJob>)> on_done_;
   mutable std::mutex mu_;
@@ -63,6 +71,7 @@ class Scheduler {
   std::mutex join_mu_;  // serializes stop()'s join
   // Worker-only buffers, reused across batches: concatenated gradients, momenta and updates.
   std::vector<float> grad_buf_, momentum_buf_, update_buf_;
+  std::vector<float> gram_buf_;  // numeric health: the Gram matrix of one block
 };
 
 /// True when two option sets give bitwise the same math (used to batch jobs together).

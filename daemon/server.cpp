@@ -33,6 +33,14 @@ Server::Server(ServerConfig config)
   auto backend = make_backend(config_.backend, bc);
   log()->info("backend: {}", backend->name());
   engine_ = std::make_unique<Engine>(io_, config_, std::move(backend));
+  if (config_.metrics_port != 0) {
+    metrics_ = std::make_unique<MetricsHttpServer>(io_, config_.metrics_address,
+                                                   config_.metrics_port, [this] {
+                                                     engine_->refresh_metrics();
+                                                     return engine_->metrics().render();
+                                                   });
+    engine_->set_metrics_url(metrics_->url());
+  }
   prepare_socket_path(config_.socket_path);
   const mode_t old_mask = ::umask(0177);  // the socket file is created 0600
   try {
@@ -59,6 +67,10 @@ void Server::run() {
   });
   accept_next();
   log()->info("listening on {}", config_.socket_path);
+  if (metrics_) {
+    metrics_->start();
+    log()->info("metrics on {}", metrics_->url());
+  }
   io_.run();
   ::unlink(config_.socket_path.c_str());
   log()->info("stopped");
@@ -111,6 +123,7 @@ void Server::begin_shutdown(const std::string& why) {
   boost::system::error_code ignored;
   acceptor_.close(ignored);
   signals_.cancel(ignored);
+  if (metrics_) metrics_->close();
   engine_->shutdown([] {});
 }
 

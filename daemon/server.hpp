@@ -1,6 +1,7 @@
 // muon-offloadd's process shell: the Unix-socket acceptor, the peer-credential check, signal
-// handling (SIGINT/SIGTERM: stop accepting, finish the work in flight, final snapshot) and the
-// io_context that runs every session and the Engine on one thread.
+// handling (SIGINT/SIGTERM: stop accepting, finish the work in flight, final snapshot), the
+// optional Prometheus endpoint (--metrics-port) and the io_context that runs every session, the
+// endpoint and the Engine on one thread.
 #pragma once
 
 #include "transport/asio.hpp"
@@ -9,14 +10,16 @@
 #include <memory>
 
 #include "daemon/engine.hpp"
+#include "daemon/metrics_http.hpp"
 #include "daemon/server_config.hpp"
 
 namespace muon::daemon {
 
 class Server {
  public:
-  /// Prepares the socket (private directory, stale-socket cleanup), creates the backend and
-  /// restores the snapshot. Throws muon::Error (or BackendUnavailable) with a readable reason.
+  /// Prepares the socket (private directory, stale-socket cleanup), creates the backend,
+  /// restores the snapshot and binds the metrics endpoint when configured. Throws muon::Error
+  /// (or BackendUnavailable) with a readable reason.
   explicit Server(ServerConfig config);
   ~Server();
 
@@ -25,6 +28,8 @@ class Server {
   /// Asks for a graceful shutdown (thread-safe).
   void stop();
   const std::string& socket_path() const { return config_.socket_path; }
+  /// The metrics endpoint's port (0: none).
+  uint16_t metrics_port() const { return metrics_ ? metrics_->port() : 0; }
 
  private:
   void accept_next();
@@ -35,6 +40,7 @@ class Server {
   boost::asio::local::stream_protocol::acceptor acceptor_;
   boost::asio::signal_set signals_;
   std::unique_ptr<Engine> engine_;
+  std::unique_ptr<MetricsHttpServer> metrics_;
   uint64_t next_session_ = 1;
   bool shutting_down_ = false;
 };

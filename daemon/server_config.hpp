@@ -2,8 +2,11 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
+#include <optional>
 #include <string>
 
+#include "daemon/socket_path.hpp"
 #include "transport/shm_segment.hpp"
 
 namespace muon::daemon {
@@ -28,10 +31,15 @@ struct ServerConfig {
   std::string restore_path;
   /// Accept clients of another uid (default: only the server's own uid may connect).
   bool allow_other_users = false;
+  /// TCP port of the Prometheus endpoint (GET /metrics); 0: no endpoint.
+  uint16_t metrics_port = 0;
+  /// Address the metrics endpoint binds to (loopback by default: the metrics name parameters).
+  std::string metrics_address = "127.0.0.1";
+  /// Numeric health: measure every Nth update of each parameter (the 1st, N+1th, ...); 0: off.
+  int64_t health_sample_every = 0;
+  /// Warn when a sampled orthogonality error exceeds this; unset: per schedule, the largest
+  /// |s^2 - 1| over the singular-value band the schedule promises (daemon/numeric_health.hpp).
+  std::optional<double> health_warn_threshold;
 };
-
-/// $XDG_RUNTIME_DIR/muon-offload/muon-offloadd.sock, or /tmp/muon-offload-<uid>/... when
-/// XDG_RUNTIME_DIR is unset. Environment variable MUON_OFFLOAD_SOCKET overrides both.
-std::string default_socket_path();
 
 }  // namespace muon::daemon

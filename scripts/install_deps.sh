@@ -10,11 +10,15 @@ PACKAGES=(
   libeigen3-dev     # SVD oracle in the tests
   libboost-dev      # Asio, Interprocess, Beast (header-only)
   libspdlog-dev libcli11-dev nlohmann-json3-dev
+  prometheus-cpp-dev   # the server's metrics model and text exposition
   libgtest-dev libgmock-dev libbenchmark-dev
+  libxxhash-dev     # XXH3 hashes of updates in the soak test (tests/soak)
   python3 python3-numpy python3-pytest   # Debian's /usr/bin/python3 runs the Python tests
   python3-torch     # the PyTorch integration (client/python), its tests and the demo
   fortunes          # the demo's corpus: /usr/share/games/fortunes
 )
+# --fuzz (scripts/fuzz.sh): clang-16 (clang-14 lacks std::source_location), libFuzzer, symbolizer
+if [ "${1:-}" = "--fuzz" ]; then PACKAGES+=(clang-16 libclang-rt-16-dev llvm-16); fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do

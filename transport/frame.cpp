@@ -79,7 +79,7 @@ void FrameDecoder::feed(const std::byte* data, size_t size) {
 std::optional<Frame> FrameDecoder::next() {
   if (failed_) return std::nullopt;
   if (!pending_) {
-    if (buffered() < kFrameHeaderBytes) return std::nullopt;
+    if (unread() < kFrameHeaderBytes) return std::nullopt;
     try {
       pending_ = decode_frame_header(buffer_.data() + consumed_);
     } catch (...) {
@@ -88,7 +88,7 @@ std::optional<Frame> FrameDecoder::next() {
     }
     consumed_ += kFrameHeaderBytes;
   }
-  if (buffered() < pending_->length) return std::nullopt;
+  if (unread() < pending_->length) return std::nullopt;
   Frame f;
   f.type = pending_->type;
   f.request_id = pending_->request_id;

@@ -65,10 +65,12 @@ class FrameDecoder {
   void feed(const std::byte* data, size_t size);
   /// The next complete frame, if any.
   std::optional<Frame> next();
-  /// Bytes buffered but not yet returned as frames.
-  size_t buffered() const { return buffer_.size() - consumed_; }
+  /// Bytes buffered but not yet returned as frames, a header already parsed included.
+  size_t buffered() const { return unread() + (pending_ ? kFrameHeaderBytes : 0); }
 
  private:
+  size_t unread() const { return buffer_.size() - consumed_; }
+
   std::vector<std::byte> buffer_;
   size_t consumed_ = 0;
   std::optional<FrameHeader> pending_;

@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <limits>
 
 namespace muon::transport {
@@ -64,6 +65,16 @@ class Reader {
     const auto& f = field(name);
     if (!f.is_number()) fail("field '" + std::string(name) + "' must be a number");
     return f.get<double>();
+  }
+  // A float field: a number within float's finite range (a larger one would become inf, which
+  // encode() writes as null and nothing can read back, e.g. from a snapshot).
+  float f32(const char* name) const {
+    const double v = num(name);
+    if (!(std::abs(v) <= std::numeric_limits<float>::max())) {
+      fail("field '" + std::string(name) + "' = " + json(v).dump() +
+           " is outside the range of a float");
+    }
+    return static_cast<float>(v);
   }
   bool boolean(const char* name) const {
     const auto& f = field(name);
@@ -163,11 +174,11 @@ MuonOptions read_options(const Reader& r) {
   auto& m = o.momentum;
   auto& p = o.orthogonalize;
   m.convention = r.parse_name("momentum", parse_momentum_convention);
-  m.mu = static_cast<float>(r.num("mu"));
+  m.mu = r.f32("mu");
   m.nesterov = r.boolean("nesterov");
   p.schedule = r.str("schedule", 64);
   p.steps = static_cast<int>(r.i64("steps", 0, 100));
-  p.eps = static_cast<float>(r.num("eps"));
+  p.eps = r.f32("eps");
   p.eps_mode = r.parse_name("eps_mode", parse_eps_mode);
   p.scale_rule = r.parse_name("scale", parse_scale_rule);
   p.extra_scale = r.num("extra_scale");
@@ -188,7 +199,7 @@ std::string message_type_name(uint16_t type) {
                                 "health",     "health_ok", "register_param", "register_ok",
                                 "push",       "push_ack",  "commit",         "update",
                                 "update_ack", "snapshot",  "snapshot_ok",    "state_fetch",
-                                "goodbye",    "status",    "status_ok"};
+                                "goodbye",    "status",    "status_ok",      "step_report"};
   if (type >= 1 && type < sizeof(names) / sizeof(names[0])) return names[type];
   return "type " + std::to_string(type);
 }
@@ -272,6 +283,14 @@ std::string encode(const SnapshotOk& m) {
 }
 std::string encode(const StateFetch& m) {
   return json{{"name", m.name}}.dump();
+}
+std::string encode(const StepReport& m) {
+  return json{{"step", m.step},
+              {"exposed_wait_ns", m.exposed_wait_ns},
+              {"bytes_pushed", m.bytes_pushed},
+              {"parameters", m.parameters},
+              {"slowest_parameter", m.slowest_parameter}}
+      .dump();
 }
 
 // ---- decode ----
@@ -398,6 +417,17 @@ template <>
 StateFetch decode<StateFetch>(const std::string& p) {
   Reader r(p, "state_fetch");
   return {r.str("name", kMaxName)};
+}
+template <>
+StepReport decode<StepReport>(const std::string& p) {
+  Reader r(p, "step_report");
+  StepReport m;
+  m.step = r.i64("step", -1, kMaxStep);
+  m.exposed_wait_ns = r.i64("exposed_wait_ns", 0, int64_t{1} << 62);
+  m.bytes_pushed = r.i64("bytes_pushed", 0, int64_t{1} << 62);
+  m.parameters = static_cast<int>(r.i64_or("parameters", 0, 0, 1 << 30));
+  m.slowest_parameter = r.has("slowest_parameter") ? r.str("slowest_parameter", kMaxName) : "";
+  return m;
 }
 
 }  // namespace muon::transport

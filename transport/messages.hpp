@@ -31,6 +31,7 @@ enum class MessageType : uint16_t {
   goodbye = 16,        ///< C->S  (empty): orderly disconnect
   status = 17,         ///< C->S  (empty)
   status_ok = 18,      ///< S->C  free-form JSON status
+  step_report = 19,    ///< C->S  StepReport: a rank's figures of a step it finished (no answer)
 };
 
 /// Readable name of a message type ("register_param"), or "type <n>".
@@ -139,6 +140,16 @@ struct StateFetch {
   std::string name;
 };
 
+/// What a compute rank saw of one optimizer step, sent once it holds every update of the step
+/// (to every server of the job). The server observes it into its metrics and its status.
+struct StepReport {
+  int64_t step = 0;               ///< the optimizer's step (a label; not checked against params)
+  int64_t exposed_wait_ns = 0;    ///< time the rank was blocked waiting for updates, >= 0
+  int64_t bytes_pushed = 0;       ///< gradient bytes the rank pushed for the step, >= 0
+  int parameters = 0;             ///< updates the rank waited for
+  std::string slowest_parameter;  ///< the parameter whose update arrived last ("" when none)
+};
+
 // ---- JSON payloads. encode() never fails; decode() throws ProtocolError naming the field. ----
 std::string encode(const Hello&);
 std::string encode(const HelloOk&);
@@ -153,6 +164,7 @@ std::string encode(const ErrorMsg&);
 std::string encode(const SnapshotRequest&);
 std::string encode(const SnapshotOk&);
 std::string encode(const StateFetch&);
+std::string encode(const StepReport&);
 
 template <class T>
 T decode(const std::string& payload);

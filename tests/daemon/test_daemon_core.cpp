@@ -325,6 +325,21 @@ TEST(Registration, InvalidSpecRefused) {
       {"'w'"});
 }
 
+TEST(Registration, RowSplitsWrappingAroundInt64Refused) {
+  // fuzz_registration input (UBSan: signed overflow in row_blocks): options from the wire whose
+  // row splits sum to 2^64 + 2, i.e. wrap to the 2 rows of the matrix, used to be accepted.
+  const auto options = transport::options_from_json(
+      R"({"momentum":"sum","mu":0.95,"nesterov":true,"schedule":"keller","steps":0,)"
+      R"("eps":1e-7,"eps_mode":"add","scale":"keller","extra_scale":1,)"
+      R"("row_splits":[9223372036854775807,9223372036854775807,4],"algorithm":"plain",)"
+      R"("precision":"default","nonfinite":"error"})");
+  expect_throw_with<InvalidArgument>(
+      [&] {
+        PendingRegistration(make_spec("w", {1, 2, 4}, options), 1);
+      },
+      {"'w'", "row splits add up to more than 2^63", "2 rows"});
+}
+
 // ---------------------------------------------------------------------------------------------
 // StepReducer
 

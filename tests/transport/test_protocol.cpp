@@ -2,6 +2,7 @@
 // kind of bad input.
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <random>
 
 #include "transport/bf16.hpp"
@@ -73,6 +74,31 @@ TEST(Frame, BadHeadersAreRefusedAndTheDecoderStaysFailed) {
   d.feed(bad_magic.data(), bad_magic.size());
   expect_protocol_error([&] { d.next(); }, "bad frame magic");
   expect_protocol_error([&] { d.feed(good.data(), good.size()); }, "already failed");
+}
+
+TEST(Frame, BufferedCountsTheHeaderOfAnIncompleteFrame) {
+  // fuzz_frame input: a health frame, then a commit frame whose last 3 payload bytes have not
+  // arrived yet. buffered() said 18 (the header already parsed was not counted), not 34.
+  const std::string bytes(
+      "MUON\x01\x00\x04\x00\x00\x00\x00\x00\x09\x00\x00\x00"  // health, request 9
+      "MUON\x01\x00\x0a\x00\x15\x00\x00\x00\x04\x00\x00\x00"  // commit, 21 bytes, request 4
+      R"({"name":"w","step")",                                // 18 of the 21 payload bytes
+      50);
+  FrameDecoder d;
+  d.feed(reinterpret_cast<const std::byte*>(bytes.data()), bytes.size());
+  EXPECT_EQ(d.buffered(), 50u);
+  const auto health = d.next();
+  ASSERT_TRUE(health.has_value());
+  EXPECT_EQ(health->request_id, 9u);
+  EXPECT_EQ(d.buffered(), 34u);
+  EXPECT_FALSE(d.next().has_value());
+  EXPECT_EQ(d.buffered(), 34u);
+  const std::string rest = ":7}";
+  d.feed(reinterpret_cast<const std::byte*>(rest.data()), rest.size());
+  const auto commit = d.next();
+  ASSERT_TRUE(commit.has_value());
+  EXPECT_EQ(commit->payload, R"({"name":"w","step":7})");
+  EXPECT_EQ(d.buffered(), 0u);
 }
 
 TEST(Messages, RegisterRoundTripKeepsEveryOption) {
@@ -151,6 +177,27 @@ TEST(Messages, EachBadFieldIsNamed) {
       "options",
       R"({"momentum":"sum","mu":0.95,"nesterov":true,"schedule":"keller","steps":0,"eps":1e-7,"eps_mode":"add","scale":"spectral","extra_scale":1,"row_splits":[],"algorithm":"plain","precision":"default","nonfinite":"error"})");
   expect_protocol_error([&] { decode<RegisterParam>(bad_scale); }, "unknown scale rule 'spectral'");
+}
+
+TEST(Messages, FloatOptionsBeyondTheFloatRangeAreRefused) {
+  // fuzz_frame input (round trip broken): mu = 1e39 became inf, which encode() wrote as null, so
+  // a registration with client-held momentum (mu unchecked) gave a snapshot that cannot be read.
+  const std::string options =
+      R"({"momentum":"none","mu":1e39,"nesterov":true,"schedule":"keller","steps":0,)"
+      R"("eps":1e-7,"eps_mode":"add","scale":"keller","extra_scale":1,"row_splits":[],)"
+      R"("algorithm":"plain","precision":"default","nonfinite":"error"})";
+  expect_protocol_error([&] { options_from_json(options); },
+                        "field 'mu' = 1e+39 is outside the range of a float");
+  auto eps = options;
+  eps.replace(eps.find("1e39"), 4, "0.9");
+  eps.replace(eps.find("1e-7"), 4, "-4e38");
+  expect_protocol_error([&] { options_from_json(eps); }, "field 'eps' = -4e+38 is outside");
+  // The largest float itself still round-trips.
+  auto largest = options;
+  largest.replace(largest.find("1e39"), 4, "3.4028234663852886e38");
+  const auto back = options_from_json(largest);
+  EXPECT_EQ(back.momentum.mu, std::numeric_limits<float>::max());
+  EXPECT_EQ(options_to_json(options_from_json(options_to_json(back))), options_to_json(back));
 }
 
 TEST(Bf16, RoundsToNearestEvenAndKeepsSpecials) {

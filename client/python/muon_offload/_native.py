@@ -129,6 +129,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "muon_client_load_momentum": (i, [h, cp, i64, vp, i64]),
         "muon_client_snapshot": (i, [h, i, cp]),
         "muon_client_reconnect": (i, [h]),
+        "muon_client_report_step": (i, [h, i64, ctypes.POINTER(ctypes.c_double), c_int64_p,
+                                        ctypes.POINTER(i), cp, i64]),
         "muon_local_update": (i, [cp, c_int64_p, i, cp, vp, vp, vp, i]),
     }
     for name, (res, args) in sigs.items():

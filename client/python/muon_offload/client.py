@@ -199,6 +199,26 @@ class Client:
             check(self._lib.muon_client_snapshot(self._handle(), int(server), path.encode()),
                   f"snapshot of server {server}")
 
+    def report_step(self, step: int) -> dict:
+        """Closes this rank's step once every update of it is in hand: sends a step report to
+        every server (it feeds ``muon_offload_client_exposed_wait_seconds`` and
+        ``muon-offload status``) and returns the figures since the previous report:
+        ``{"step", "exposed_wait_s" (seconds blocked in wait_update), "bytes_pushed" (gradient
+        bytes), "parameters" (updates taken), "slowest_parameter" (the one whose update arrived
+        last, "" when none)}``."""
+        wait = ctypes.c_double(0.0)
+        pushed = ctypes.c_int64(0)
+        count = ctypes.c_int(0)
+        slowest = ctypes.create_string_buffer(1024)
+        with self._mu:
+            check(self._lib.muon_client_report_step(self._handle(), int(step), ctypes.byref(wait),
+                                                     ctypes.byref(pushed), ctypes.byref(count),
+                                                     slowest, len(slowest)),
+                  f"step report of step {step}")
+        return {"step": int(step), "exposed_wait_s": wait.value, "bytes_pushed": pushed.value,
+                "parameters": count.value,
+                "slowest_parameter": slowest.value.decode("utf-8", "replace")}
+
     def reconnect(self) -> None:
         """Reconnects to every server and registers every parameter again (after a server
         restarted, e.g. from its snapshot)."""

@@ -403,6 +403,15 @@ class OffloadMuon(_MuonBase):
     torch checkpoints resume bitwise; load_state_dict() loads it back into the server. The format
     is the same as InProcessMuon's.
 
+    Figures: after each step(), ``last_step_stats`` holds what this rank saw of it —
+    ``bytes_pushed`` (gradient bytes pushed since the previous step), ``exposed_wait_s`` (seconds
+    step() was blocked waiting for updates: from its first wait to the last update in hand, not
+    counting the time spent applying the updates already there), ``slowest_parameter`` (the
+    parameter whose update arrived last), ``parameters`` (updates waited for) and ``step``. The
+    same report goes to every server (``muon_offload_client_exposed_wait_seconds`` on its
+    ``--metrics-port``; ``muon-offload status``). ``exposed_seconds`` is the wider figure: all of
+    step() plus the gradient hooks.
+
     Errors: :class:`~muon_offload.ConnectionLost` when a server is unreachable or restarted (the
     message says how to recover: :meth:`reconnect` then :meth:`load_state_dict`),
     :class:`~muon_offload.ServerError` when it refuses a parameter (naming it),
@@ -444,6 +453,7 @@ class OffloadMuon(_MuonBase):
         self._stale: Dict[str, str] = {}
         self._no_commit_depth = 0
         self._loads = [0.0] * len(self.servers)
+        self.last_step_stats: Dict[str, object] = {}
         super().__init__(params_or_groups, lr=lr, momentum=momentum, nesterov=nesterov,
                          weight_decay=weight_decay, adamw_lr=adamw_lr, adamw_betas=adamw_betas,
                          adamw_eps=adamw_eps, adamw_weight_decay=adamw_weight_decay,
@@ -627,10 +637,12 @@ class OffloadMuon(_MuonBase):
                     self._commit(p)
             self._adamw_step()  # runs while the server computes
             group_of = {p: g for g, p in self._muon_items()}
+            waited = []
             for p in list(self._committed):
                 m, g = self._meta[p], group_of[p]
                 buf = torch.empty(m.numel, dtype=_TORCH_DTYPE[self._update_dtype])
                 step = self._pushed[p]
+                waited.append(step)
                 try:
                     self._client.wait_update(m.name, step, buf)
                 except NonFiniteGradient as e:  # the server consumed the step
@@ -645,11 +657,27 @@ class OffloadMuon(_MuonBase):
         self._committed.clear()
         self.last_hook_seconds, self._hook_seconds = self._hook_seconds, 0.0
         self.last_step_seconds = time.perf_counter() - t0
+        if waited:
+            self._report_step(max(waited))
         if errors:
             raise NonFiniteGradient("; ".join(str(e) for e in errors) +
                                     " (these parameters were not updated this step)",
                                     errors[0].code)
         return loss
+
+    def _report_step(self, step: int) -> None:
+        """Sends this rank's step report to the servers and keeps it as ``last_step_stats``."""
+        try:
+            stats = self._client.report_step(step)
+        except _native.MuonOffloadError as e:
+            self._fail(e)
+        slowest = stats["slowest_parameter"]
+        if self._prefix and slowest.startswith(self._prefix):
+            slowest = slowest[len(self._prefix):]
+        self.last_step_stats = {
+            "step": stats["step"], "bytes_pushed": stats["bytes_pushed"],
+            "exposed_wait_s": stats["exposed_wait_s"], "slowest_parameter": slowest,
+            "parameters": stats["parameters"]}
 
     # -- state ---------------------------------------------------------------------------------
     def _param_index(self) -> Dict[torch.Tensor, int]:
