@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <sstream>
@@ -205,6 +206,16 @@ void add_status_command(CLI::App& app) {
       ->capture_default_str();
   sub->callback([args] {
     const std::string socket = args->socket.empty() ? daemon::default_socket_path() : args->socket;
+    std::error_code fs_ec;
+    const auto kind = std::filesystem::status(socket, fs_ec).type();
+    if (!fs_ec && kind != std::filesystem::file_type::socket &&
+        kind != std::filesystem::file_type::not_found) {
+      throw CommandFailed(
+          kExitNoServer, "'" + socket + "' is not a socket (" +
+                             (kind == std::filesystem::file_type::directory ? "a directory"
+                                                                            : "not a socket file") +
+                             "): no muon-offloadd listens there; pass the server's --socket path");
+    }
     std::string text;
     try {
       text = client::fetch_status(socket, std::chrono::milliseconds(args->timeout_ms));

@@ -150,6 +150,7 @@ void Connection::expect_updates(const std::string& name, std::vector<transport::
 void Connection::push(const std::string& name, int64_t step, int64_t offset, const std::byte* data,
                       int64_t count, size_t elem_bytes, transport::ChunkKind kind) {
   const int64_t per_slot = static_cast<int64_t>(segment_->layout().slot_bytes / elem_bytes);
+  const uint32_t attempt = attempt_of(name, step);
   for (int64_t done = 0; done < count || (count == 0 && done == 0); done += per_slot) {
     const int64_t n = std::min(per_slot, count - done);
     uint32_t slot = 0;
@@ -170,14 +171,21 @@ void Connection::push(const std::string& name, int64_t step, int64_t offset, con
     }
     std::memcpy(segment_->tx_slot(slot), data + done * elem_bytes,
                 static_cast<size_t>(n) * elem_bytes);
-    transport::Push m{name, step, offset + done, n, slot, kind};
+    transport::Push m{name, step, offset + done, n, slot, kind, attempt};
     send_frame(MessageType::push, transport::encode(m));
     if (count == 0) break;
   }
 }
 
+uint32_t Connection::attempt_of(const std::string& name, int64_t step) {
+  std::lock_guard lk(mu_);
+  auto it = params_.find(name);
+  return it != params_.end() && it->second.retry_step == step ? it->second.retry_attempt : 0;
+}
+
 void Connection::commit(const std::string& name, int64_t step) {
-  send_frame(MessageType::commit, transport::encode(transport::Commit{name, step}));
+  send_frame(MessageType::commit,
+             transport::encode(transport::Commit{name, step, attempt_of(name, step)}));
 }
 
 void Connection::flush() {
@@ -217,6 +225,10 @@ bool Connection::wait_update(const std::string& name, int64_t step, std::byte* d
     ServerError err("muon-offloadd at '" + path_ + "': " + e->message, e->code, e->param, e->step,
                     e->rank);
     p.errors.clear();
+    // The caller now knows this step failed; what it pushes for the step from here on is a
+    // new try, and the server must not add it to chunks of the failed one still in flight.
+    p.retry_attempt = p.retry_step == step ? p.retry_attempt + 1 : 1;
+    p.retry_step = step;
     throw err;
   }
   if (auto c = p.complete.find(step); c != p.complete.end()) {

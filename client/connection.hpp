@@ -110,7 +110,12 @@ class Connection {
     };
     std::map<int64_t, Complete> complete;
     int64_t dropped_through = -1;  // steps <= this were dropped unread (kMaxHeldUpdates)
-    std::vector<std::vector<std::byte>> spare;      // recycled buffers (warm pages)
+    std::vector<std::vector<std::byte>> spare;  // recycled buffers (warm pages)
+    // Retries: once wait_update has reported an error for step `retry_step`, later pushes and
+    // commits of that step carry attempt `retry_attempt`, so that the server discards whatever
+    // of the failed try was still in flight (transport::Push::attempt).
+    int64_t retry_step = -1;
+    uint32_t retry_attempt = 0;
     std::map<int64_t, transport::ErrorMsg> errors;  // by step (-1: any)
     std::vector<float> momentum;
     int64_t momentum_step = -1;
@@ -125,6 +130,8 @@ class Connection {
   void handle_update(const transport::Update& u);
   [[noreturn]] void throw_lost(const std::string& what);
   Clock::time_point deadline() const { return Clock::now() + op_timeout_; }
+  /// The attempt pushes and commits of (name, step) carry. Takes mu_.
+  uint32_t attempt_of(const std::string& name, int64_t step);
 
   std::string path_;
   int rank_;

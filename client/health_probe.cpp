@@ -1,5 +1,10 @@
 #include "client/health_probe.hpp"
 
+#include <algorithm>
+#include <array>
+#include <exception>
+#include <functional>
+#include <optional>
 #include <thread>
 
 #include "client/client_error.hpp"
@@ -12,21 +17,62 @@ namespace {
 namespace asio = boost::asio;
 using local = asio::local::stream_protocol;
 
-// One request/answer exchange on a fresh connection; throws boost::system::system_error.
-transport::Frame exchange(const std::string& path, transport::MessageType type) {
+// One request/answer exchange on a fresh connection, given `budget` to complete: a peer that
+// accepts and never answers (something else listening, a wedged process) must not hang the
+// caller. Throws boost::system::system_error (connect, I/O) or ProtocolError (not our protocol,
+// no answer in time).
+transport::Frame exchange(const std::string& path, transport::MessageType type,
+                          std::chrono::milliseconds budget) {
   asio::io_context io;
   local::socket s(io);
-  s.connect(local::endpoint(path));
   const auto bytes = transport::encode_frame({static_cast<uint16_t>(type), 1, "{}"});
-  asio::write(s, asio::buffer(bytes));
   transport::FrameDecoder dec;
   std::array<std::byte, 64 * 1024> buf;
-  for (;;) {
-    const size_t n = s.read_some(asio::buffer(buf));
-    dec.feed(buf.data(), n);
-    if (auto f = dec.next()) return *f;
-  }
+  std::optional<transport::Frame> answer;
+  boost::system::error_code failed;
+  std::exception_ptr bad_frame;
+  std::function<void()> read_more = [&] {
+    s.async_read_some(asio::buffer(buf), [&](boost::system::error_code ec, size_t n) {
+      if (ec) {
+        failed = ec;
+        return;
+      }
+      try {
+        dec.feed(buf.data(), n);
+        if (auto f = dec.next()) {
+          answer = std::move(*f);
+          return;
+        }
+      } catch (...) {
+        bad_frame = std::current_exception();
+        return;
+      }
+      read_more();
+    });
+  };
+  s.async_connect(local::endpoint(path), [&](boost::system::error_code ec) {
+    if (ec) {
+      failed = ec;
+      return;
+    }
+    asio::async_write(s, asio::buffer(bytes), [&](boost::system::error_code wec, size_t) {
+      if (wec) {
+        failed = wec;
+        return;
+      }
+      read_more();
+    });
+  });
+  io.run_for(budget);
+  if (bad_frame) std::rethrow_exception(bad_frame);
+  if (answer) return *answer;
+  if (failed) throw boost::system::system_error(failed);
+  throw transport::ProtocolError("connected, but no answer within " +
+                                 std::to_string(budget.count()) +
+                                 " ms (is something other than muon-offloadd listening there?)");
 }
+
+constexpr std::chrono::milliseconds kMinAttempt{250};
 
 template <class F>
 auto retry(const std::string& path, std::chrono::milliseconds timeout, const char* what, F&& f) {
@@ -34,7 +80,10 @@ auto retry(const std::string& path, std::chrono::milliseconds timeout, const cha
   std::string last = "not tried";
   for (;;) {
     try {
-      if (auto r = f()) return *r;
+      // Each attempt gets what is left of the timeout, at least kMinAttempt.
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          end - std::chrono::steady_clock::now());
+      if (auto r = f(std::max(left, kMinAttempt))) return *r;
       last = "server not ready";
     } catch (const boost::system::system_error& e) {
       last = e.code().message();
@@ -53,21 +102,25 @@ auto retry(const std::string& path, std::chrono::milliseconds timeout, const cha
 
 transport::HealthOk wait_healthy(const std::string& socket_path,
                                  std::chrono::milliseconds timeout) {
-  return retry(socket_path, timeout, "health check", [&]() -> std::optional<transport::HealthOk> {
-    auto f = exchange(socket_path, transport::MessageType::health);
-    if (f.type != static_cast<uint16_t>(transport::MessageType::health_ok)) return std::nullopt;
-    auto h = transport::decode<transport::HealthOk>(f.payload);
-    if (!h.ready) return std::nullopt;
-    return h;
-  });
+  return retry(socket_path, timeout, "health check",
+               [&](std::chrono::milliseconds budget) -> std::optional<transport::HealthOk> {
+                 auto f = exchange(socket_path, transport::MessageType::health, budget);
+                 if (f.type != static_cast<uint16_t>(transport::MessageType::health_ok))
+                   return std::nullopt;
+                 auto h = transport::decode<transport::HealthOk>(f.payload);
+                 if (!h.ready) return std::nullopt;
+                 return h;
+               });
 }
 
 std::string fetch_status(const std::string& socket_path, std::chrono::milliseconds timeout) {
-  return retry(socket_path, timeout, "status request", [&]() -> std::optional<std::string> {
-    auto f = exchange(socket_path, transport::MessageType::status);
-    if (f.type != static_cast<uint16_t>(transport::MessageType::status_ok)) return std::nullopt;
-    return f.payload;
-  });
+  return retry(socket_path, timeout, "status request",
+               [&](std::chrono::milliseconds budget) -> std::optional<std::string> {
+                 auto f = exchange(socket_path, transport::MessageType::status, budget);
+                 if (f.type != static_cast<uint16_t>(transport::MessageType::status_ok))
+                   return std::nullopt;
+                 return f.payload;
+               });
 }
 
 }  // namespace muon::client

@@ -413,6 +413,7 @@ void Engine::on_push(const SessionPtr& s, const Frame& f) {
       p.step_started = std::chrono::steady_clock::now();
       arm_timer(m.name, p);
     }
+    p.reducer->begin_attempt(s->rank, m.attempt);
     p.reducer->add(s->rank, m.offset, values);
     metrics_.chunk_received(m.kind, static_cast<uint64_t>(m.count) * transport::dtype_bytes(dt));
   } catch (const InvalidArgument& e) {
@@ -428,6 +429,7 @@ void Engine::on_commit(const SessionPtr& s, const Frame& f) {
       throw InvalidArgument("parameter '" + m.name + "': commit of step " + std::to_string(m.step) +
                             " that has no data from rank " + std::to_string(s->rank));
     }
+    p.reducer->begin_attempt(s->rank, m.attempt);
     p.reducer->commit(s->rank);
     if (p.reducer->complete()) start_compute(m.name, p);
   } catch (const InvalidArgument& e) {

@@ -27,7 +27,10 @@ ServerConfig with_defaults(ServerConfig c) {
 }  // namespace
 
 Server::Server(ServerConfig config)
-    : config_(with_defaults(std::move(config))), acceptor_(io_), signals_(io_, SIGINT, SIGTERM) {
+    : config_(with_defaults(std::move(config))),
+      acceptor_(io_),
+      signals_(io_, SIGINT, SIGTERM),
+      accept_retry_(io_) {
   BackendConfig bc;
   bc.cpu_threads = config_.cpu_threads;
   auto backend = make_backend(config_.backend, bc);
@@ -83,8 +86,16 @@ void Server::stop() {
 void Server::accept_next() {
   acceptor_.async_accept([this](boost::system::error_code ec, local::socket socket) {
     if (ec) {
-      if (ec != asio::error::operation_aborted) log()->warn("accept failed: {}", ec.message());
-      if (!shutting_down_) accept_next();
+      if (ec == asio::error::operation_aborted || shutting_down_) return;
+      const auto now = std::chrono::steady_clock::now();
+      if (now - last_accept_warning_ > std::chrono::seconds(10)) {
+        log()->warn("accept failed: {} (retrying every 100 ms)", ec.message());
+        last_accept_warning_ = now;
+      }
+      accept_retry_.expires_after(std::chrono::milliseconds(100));
+      accept_retry_.async_wait([this](boost::system::error_code wec) {
+        if (!wec && !shutting_down_) accept_next();
+      });
       return;
     }
     try {
@@ -122,6 +133,7 @@ void Server::begin_shutdown(const std::string& why) {
   log()->info("shutting down ({}): no new connections, finishing work in flight", why);
   boost::system::error_code ignored;
   acceptor_.close(ignored);
+  accept_retry_.cancel();
   signals_.cancel(ignored);
   if (metrics_) metrics_->close();
   engine_->shutdown([] {});

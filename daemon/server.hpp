@@ -39,6 +39,10 @@ class Server {
   boost::asio::io_context io_;
   boost::asio::local::stream_protocol::acceptor acceptor_;
   boost::asio::signal_set signals_;
+  /// After a failed accept (out of file descriptors: EMFILE/ENFILE), the next one waits 100 ms
+  /// instead of spinning on the same error; the warning is logged at most every 10 s.
+  boost::asio::steady_timer accept_retry_;
+  std::chrono::steady_clock::time_point last_accept_warning_{};
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<MetricsHttpServer> metrics_;
   uint64_t next_session_ = 1;

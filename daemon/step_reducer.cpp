@@ -36,6 +36,24 @@ void StepReducer::restart(int64_t step) {
   for (auto& st : ranks_) {
     st.pushed.clear();
     st.committed = false;
+    st.attempt = 0;
+  }
+}
+
+void StepReducer::begin_attempt(int rank, uint32_t attempt) {
+  if (rank < 0 || rank >= static_cast<int>(ranks_.size())) {
+    throw InvalidArgument(who(rank) + ": rank outside [0, " + std::to_string(ranks_.size()) + ")");
+  }
+  auto& st = ranks_[static_cast<size_t>(rank)];
+  if (attempt < st.attempt) {
+    throw InvalidArgument(who(rank) + ": data of attempt " + std::to_string(attempt) +
+                          " arrived after attempt " + std::to_string(st.attempt) +
+                          " began; ignored");
+  }
+  if (attempt > st.attempt) {
+    st.attempt = attempt;
+    st.pushed.clear();  // the next push of an element copies instead of adding
+    st.committed = false;
   }
 }
 

@@ -30,6 +30,12 @@ class StepReducer {
   /// has already committed this step, or the range is not inside one of its push ranges.
   void add(int rank, int64_t offset, std::span<const float> values);
 
+  /// Declares which try of this step the rank's next push or commit belongs to
+  /// (transport::Push::attempt). A higher attempt than the rank's current one discards what the
+  /// rank pushed (and committed) for this step so far: the retry starts from nothing. Throws
+  /// InvalidArgument for a lower one (a chunk of an abandoned try arriving late).
+  void begin_attempt(int rank, uint32_t attempt);
+
   /// Marks rank's contribution complete. Throws InvalidArgument when some element of the rank's
   /// push ranges was never pushed this step (naming the first missing range), or the rank
   /// contributes nothing, or it already committed.
@@ -52,6 +58,7 @@ class StepReducer {
     std::vector<float> values;  // packed over the rank's push ranges, in range order
     std::vector<Range> pushed;  // coverage this step: sorted, disjoint, merged element ranges
     bool committed = false;
+    uint32_t attempt = 0;               // the rank's current try of this step
     std::vector<int64_t> packed_begin;  // index in `values` of each push range's first element
     int64_t packed_size = 0;            // total elements of the rank's push ranges
   };

@@ -8,7 +8,8 @@
 # crashes go to $CRASH_DIR/<harness>/ (default build-fuzz/fuzz-crashes). Exits non-zero when a
 # harness crashes, printing the reproducer; replay one with
 #   build-fuzz/tests/fuzz/fuzz_<harness> <reproducer>
-# and turn it into a unit test (tests/transport/test_protocol.cpp, tests/daemon/...).
+# and turn it into a unit test (tests/transport/test_protocol.cpp, tests/daemon/...). The seed
+# corpus alone replays as CTest tests of this build: ctest --test-dir build-fuzz
 # clang-16, libclang-rt-16-dev and llvm-16 are installed on demand (scripts/install_deps.sh --fuzz).
 # BUILD_DIR=..., JOBS=..., CRASH_DIR=... override the defaults.
 set -euo pipefail

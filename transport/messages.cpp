@@ -141,6 +141,11 @@ ChunkKind read_kind(const Reader& r) {
   r.fail("field 'kind' must be 'gradient' or 'momentum', got '" + s + "'");
 }
 
+// Push/commit attempt: optional (absent: 0, the first try).
+uint32_t read_attempt(const Reader& r) {
+  return static_cast<uint32_t>(r.i64_or("attempt", 0, 0, int64_t{1} << 30));
+}
+
 json options_json(const MuonOptions& o) {
   const auto& m = o.momentum;
   const auto& p = o.orthogonalize;
@@ -251,15 +256,16 @@ std::string encode(const RegisterOk& m) {
       .dump();
 }
 std::string encode(const Push& m) {
-  return json{{"name", m.name},   {"step", m.step}, {"offset", m.offset},
-              {"count", m.count}, {"slot", m.slot}, {"kind", kind_name(m.kind)}}
+  return json{{"name", m.name},      {"step", m.step}, {"offset", m.offset},
+              {"count", m.count},    {"slot", m.slot}, {"kind", kind_name(m.kind)},
+              {"attempt", m.attempt}}
       .dump();
 }
 std::string encode(const SlotAck& m) {
   return json{{"slot", m.slot}}.dump();
 }
 std::string encode(const Commit& m) {
-  return json{{"name", m.name}, {"step", m.step}}.dump();
+  return json{{"name", m.name}, {"step", m.step}, {"attempt", m.attempt}}.dump();
 }
 std::string encode(const Update& m) {
   return json{{"name", m.name},   {"step", m.step},      {"offset", m.offset},
@@ -273,7 +279,7 @@ std::string encode(const ErrorMsg& m) {
               {"param", m.param},
               {"step", m.step},
               {"rank", m.rank}}
-      .dump();
+      .dump(-1, ' ', false, json::error_handler_t::replace);  // a message may quote bad bytes
 }
 std::string encode(const SnapshotRequest& m) {
   return json{{"path", m.path}}.dump();
@@ -366,6 +372,7 @@ Push decode<Push>(const std::string& p) {
   m.count = r.i64("count", 0, kMaxElements);
   m.slot = static_cast<uint32_t>(r.i64("slot", 0, 1 << 16));
   m.kind = read_kind(r);
+  m.attempt = read_attempt(r);
   return m;
 }
 template <>
@@ -376,7 +383,9 @@ SlotAck decode<SlotAck>(const std::string& p) {
 template <>
 Commit decode<Commit>(const std::string& p) {
   Reader r(p, "commit");
-  return {r.str("name", kMaxName), r.i64("step", 0, kMaxStep)};
+  Commit m{r.str("name", kMaxName), r.i64("step", 0, kMaxStep)};
+  m.attempt = read_attempt(r);
+  return m;
 }
 template <>
 Update decode<Update>(const std::string& p) {

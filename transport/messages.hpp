@@ -97,6 +97,11 @@ struct Push {
   int64_t count = 0;   ///< elements in the slot
   uint32_t slot = 0;
   ChunkKind kind = ChunkKind::gradient;
+  /// Which try of this step the rank is on: 0, raised by the client each time the step failed
+  /// for it (a retry). A higher attempt discards what the rank pushed for the step before, so
+  /// chunks still in flight from a failed try are never summed into the retry. Optional on the
+  /// wire (absent: 0).
+  uint32_t attempt = 0;
 };
 
 struct SlotAck {
@@ -106,6 +111,7 @@ struct SlotAck {
 struct Commit {
   std::string name;
   int64_t step = 0;
+  uint32_t attempt = 0;  ///< as Push::attempt
 };
 
 struct Update {

@@ -128,14 +128,21 @@ void SoakDriver::spawn_rank(int rank) {
 }
 
 void SoakDriver::read_more(const SlotPtr& s) {
-  asio::async_read_until(*s->out, asio::dynamic_buffer(s->buf), '\n',
-                         [this, s](boost::system::error_code ec, size_t n) {
-                           if (ec) return;  // end of stream: the tick reaps the process
-                           const std::string line = s->buf.substr(0, n - 1);
-                           s->buf.erase(0, n);
-                           if (!s->killed && state_ != State::finished) on_line(*s, line);
-                           read_more(s);
-                         });
+  asio::async_read_until(
+      *s->out, asio::dynamic_buffer(s->buf), '\n',
+      [this, s](boost::system::error_code ec, size_t n) {
+        if (ec) return;  // end of stream: the tick reaps the process
+        const std::string line = s->buf.substr(0, n - 1);
+        s->buf.erase(0, n);
+        if (!s->killed && state_ != State::finished) {
+          try {
+            on_line(*s, line);
+          } catch (const std::exception& e) {  // a malformed event
+            r_.unexpected.push_back(slot_name(*s) + ": cannot read '" + line + "': " + e.what());
+          }
+        }
+        read_more(s);
+      });
 }
 
 // ---- events ---------------------------------------------------------------------------------
