@@ -34,9 +34,11 @@ client::ParameterRegistration one_param(const std::string& name, std::vector<int
   return r;
 }
 
-client::ClientConfig config_for(const std::string& socket) {
+client::ClientConfig config_for(const std::string& socket, int rank = 0, int world_size = 1) {
   client::ClientConfig cfg;
   cfg.servers = {socket};
+  cfg.rank = rank;
+  cfg.world_size = world_size;
   cfg.op_timeout = std::chrono::milliseconds(20000);
   return cfg;
 }
@@ -394,10 +396,8 @@ TEST(ClientApi, MomentumOfAParameterThatNeverSteppedIsZerosAtStepMinusOne) {
 TEST(ClientApi, NonContributingRankGetsEveryStepEvenWhenItAsksLate) {
   const auto dir = temp_dir();
   ServerProcess server(dir);
-  auto cfg0 = config_for(server.socket());
-  cfg0.world_size = 2;
-  auto cfg1 = cfg0;
-  cfg1.rank = 1;
+  const auto cfg0 = config_for(server.socket(), 0, 2);
+  const auto cfg1 = config_for(server.socket(), 1, 2);
   auto reg1 = one_param("w", {8, 16});
   auto reg0 = reg1;
   reg0.push.clear();  // rank 0 only receives
@@ -445,10 +445,8 @@ TEST(ClientApi, NonContributingRankGetsEveryStepEvenWhenItAsksLate) {
 TEST(ClientApi, RetriedStepIsNotSummedOntoChunksOfTheFailedTry) {
   const auto dir = temp_dir();
   ServerProcess server(dir);
-  auto cfg0 = config_for(server.socket());
-  cfg0.world_size = 2;
-  auto cfg1 = cfg0;
-  cfg1.rank = 1;
+  const auto cfg0 = config_for(server.socket(), 0, 2);
+  const auto cfg1 = config_for(server.socket(), 1, 2);
   const auto reg = one_param("w", {8, 8});
   auto c0 = std::make_unique<client::Client>(cfg0);
   auto c1 = std::make_unique<client::Client>(cfg1);

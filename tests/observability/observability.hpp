@@ -8,8 +8,11 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include <sys/wait.h>
+
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <map>
 #include <sstream>
@@ -119,6 +122,27 @@ inline double orthogonality_error(const std::vector<float>& u, int64_t rows, int
     }
   }
   return std::sqrt(sum / static_cast<double>(m));
+}
+
+/// What a `muon-offload` run printed (stdout and stderr) and its exit code (-1: not run or
+/// killed by a signal).
+struct CliRun {
+  int exit_code = -1;
+  std::string out;
+};
+
+/// Runs the CLI (MUON_OFFLOAD_CLI, set by CMake) through the shell with `args` (test-made paths
+/// without spaces).
+inline CliRun run_cli(const std::string& args) {
+  CliRun r;
+  FILE* p = ::popen((std::string(MUON_OFFLOAD_CLI) + " " + args + " 2>&1").c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int status = ::pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
 }
 
 }  // namespace muon::testing

@@ -64,23 +64,6 @@ size_t open_fds(pid_t pid) {
   return n;
 }
 
-struct Run {
-  int exit_code = -1;
-  std::string out;
-};
-
-Run run_cli(const std::string& args) {
-  Run r;
-  FILE* p = ::popen((std::string(MUON_OFFLOAD_CLI) + " " + args + " 2>&1").c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = ::pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
 void expect_serving(const ServerProcess& server, uint16_t port) {
   const auto a = http_get(port, "/metrics");
   EXPECT_EQ(a.status, 200);

@@ -19,24 +19,6 @@ using namespace muon::testing;
 
 namespace {
 
-struct Run {
-  int exit_code = -1;
-  std::string out;  // stdout and stderr
-};
-
-// Runs the CLI through the shell (arguments are test-made paths without spaces).
-Run run_cli(const std::string& args) {
-  Run r;
-  FILE* p = ::popen((std::string(MUON_OFFLOAD_CLI) + " " + args + " 2>&1").c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = ::pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
 std::vector<std::string> words(const std::string& line) {
   std::istringstream in(line);
   std::vector<std::string> w;
