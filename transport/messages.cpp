@@ -221,6 +221,14 @@ DType parse_dtype(const std::string& name) {
   throw InvalidArgument("unknown dtype '" + name + "' (known: f32, bf16)");
 }
 
+const char* data_plane_name(DataPlane d) { return d == DataPlane::cuda_ipc ? "cuda_ipc" : "shm"; }
+
+DataPlane parse_data_plane(const std::string& name) {
+  if (name == "shm") return DataPlane::shm;
+  if (name == "cuda_ipc") return DataPlane::cuda_ipc;
+  throw InvalidArgument("unknown data plane '" + name + "' (expected shm or cuda_ipc)");
+}
+
 std::string options_to_json(const MuonOptions& options) {
   return options_json(options).dump();
 }
@@ -230,13 +238,18 @@ MuonOptions options_from_json(const std::string& s) {
 
 // ---- encode ----
 std::string encode(const Hello& m) {
-  return json{{"rank", m.rank}, {"world_size", m.world_size}, {"client", m.client}}.dump();
+  json j{{"rank", m.rank}, {"world_size", m.world_size}, {"client", m.client}};
+  if (m.data_plane != DataPlane::shm) j["data_plane"] = data_plane_name(m.data_plane);
+  return j.dump();
 }
 std::string encode(const HelloOk& m) {
-  return json{{"session", m.session},   {"server_version", m.server_version},
-              {"shm_name", m.shm_name}, {"tx_slots", m.tx_slots},
-              {"rx_slots", m.rx_slots}, {"slot_bytes", m.slot_bytes}}
-      .dump();
+  json j{{"session", m.session},   {"server_version", m.server_version},
+         {"shm_name", m.shm_name}, {"tx_slots", m.tx_slots},
+         {"rx_slots", m.rx_slots}, {"slot_bytes", m.slot_bytes}};
+  if (m.data_plane != DataPlane::shm) j["data_plane"] = data_plane_name(m.data_plane);
+  if (m.tx_ring) j["tx_ring"] = ring_descriptor_to_json(*m.tx_ring);
+  if (m.rx_ring) j["rx_ring"] = ring_descriptor_to_json(*m.rx_ring);
+  return j.dump();
 }
 std::string encode(const HealthOk& m) {
   return json{{"ready", m.ready}, {"sessions", m.sessions}, {"parameters", m.parameters}}.dump();
@@ -310,6 +323,7 @@ Hello decode<Hello>(const std::string& p) {
   m.world_size = static_cast<int>(r.i64("world_size", 1, 1 << 20));
   m.rank = static_cast<int>(r.i64("rank", 0, m.world_size - 1));
   m.client = r.str_or("client", "");
+  if (r.has("data_plane")) m.data_plane = r.parse_name("data_plane", parse_data_plane);
   return m;
 }
 template <>
@@ -322,6 +336,25 @@ HelloOk decode<HelloOk>(const std::string& p) {
   m.tx_slots = static_cast<uint32_t>(r.i64("tx_slots", 1, 1 << 16));
   m.rx_slots = static_cast<uint32_t>(r.i64("rx_slots", 1, 1 << 16));
   m.slot_bytes = static_cast<uint64_t>(r.i64("slot_bytes", 64, int64_t{1} << 32));
+  if (r.has("data_plane")) m.data_plane = r.parse_name("data_plane", parse_data_plane);
+  if (m.data_plane == DataPlane::cuda_ipc) {
+    const auto ring = [&](const char* name, uint64_t slots) {
+      DeviceRingDescriptor d;
+      try {
+        d = ring_descriptor_from_json(r.field(name));
+      } catch (const InvalidArgument& e) {
+        r.fail("field '" + std::string(name) + "': " + e.message());
+      }
+      if (d.slots != slots || d.slot_bytes != m.slot_bytes) {
+        r.fail("field '" + std::string(name) + "' describes " + std::to_string(d.slots) + " x " +
+               std::to_string(d.slot_bytes) + " bytes, the session " + std::to_string(slots) +
+               " x " + std::to_string(m.slot_bytes));
+      }
+      return d;
+    };
+    m.tx_ring = ring("tx_ring", m.tx_slots);
+    m.rx_ring = ring("rx_ring", m.rx_slots);
+  }
   return m;
 }
 template <>

@@ -4,10 +4,12 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "kernels/muon_options.hpp"
+#include "transport/cuda_ipc_handle.hpp"
 #include "transport/frame.hpp"
 
 namespace muon::transport {
@@ -50,6 +52,17 @@ struct Range {
   int64_t size() const { return end - begin; }
 };
 
+/// How a session's gradient and update bytes move (the control plane is always the socket):
+///   shm       host shared memory: one segment per session holding both rings (any backend);
+///   cuda_ipc  device memory of the server's GPU: the server exports a receive ring and a result
+///             ring (transport/cuda_ipc.hpp), the client copies into and out of them with
+///             cudaMemcpyAsync on its own stream. Needs a server on the CUDA backend, on the same
+///             node.
+enum class DataPlane : uint8_t { shm, cuda_ipc };
+const char* data_plane_name(DataPlane d);
+/// "shm" or "cuda_ipc"; throws InvalidArgument listing both otherwise.
+DataPlane parse_data_plane(const std::string& name);
+
 /// What a data-plane chunk carries.
 enum class ChunkKind : uint8_t { gradient, momentum };
 
@@ -57,6 +70,9 @@ struct Hello {
   int rank = 0;        ///< this compute rank, 0 <= rank < world_size
   int world_size = 1;  ///< compute ranks of the job that talk to this server
   std::string client;  ///< free text for logs ("trainer pid 1234")
+  /// The data plane the client asks for (optional on the wire: absent = shm). A server that
+  /// cannot serve it refuses the hello with an error saying why.
+  DataPlane data_plane = DataPlane::shm;
 };
 
 struct HelloOk {
@@ -66,6 +82,11 @@ struct HelloOk {
   uint32_t tx_slots = 0;       ///< client -> server ring slots
   uint32_t rx_slots = 0;       ///< server -> client ring slots
   uint64_t slot_bytes = 0;     ///< bytes per slot
+  /// The session's data plane (optional on the wire: absent = shm). For cuda_ipc, shm_name is
+  /// empty and the rings are exported device memory: tx_ring receives gradients (client ->
+  /// server), rx_ring returns updates; their slots and slot bytes equal the fields above.
+  DataPlane data_plane = DataPlane::shm;
+  std::optional<DeviceRingDescriptor> tx_ring, rx_ring;
 };
 
 struct HealthOk {
