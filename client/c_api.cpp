@@ -7,6 +7,7 @@
 #include <string>
 
 #include "client/client.hpp"
+#include "client/device_copy.hpp"
 #include "client/muon_client.h"
 #include "kernels/backend.hpp"
 
@@ -42,6 +43,10 @@ int guarded(F&& f) {
     return fail(MUON_ERR_NONFINITE, e.what());
   } catch (const muon::InvalidArgument& e) {
     return fail(MUON_ERR_INVALID, e.what());
+  } catch (const muon::DeviceError& e) {
+    return fail(MUON_ERR_DEVICE, e.what());
+  } catch (const muon::BackendUnavailable& e) {
+    return fail(MUON_ERR_UNAVAILABLE, e.what());
   } catch (const std::exception& e) {
     return fail(MUON_ERR_INTERNAL, e.what());
   }
@@ -86,6 +91,18 @@ std::vector<int64_t> dims(const int64_t* shape, int ndim) {
   return std::vector<int64_t>(shape, shape + ndim);
 }
 
+// InvalidArgument unless dst_bytes is the parameter's packed want ranges in the update dtype.
+void check_update_bytes(muon_client& c, const char* name, int64_t dst_bytes) {
+  const auto& reg = c.impl->registration(name);
+  int64_t want = 0;
+  for (const auto& r : reg.want) want += r.size();
+  const int64_t need = want * static_cast<int64_t>(muon::transport::dtype_bytes(reg.update_dtype));
+  if (dst_bytes != need) {
+    throw muon::InvalidArgument("parameter '" + std::string(name) + "': update buffer of " +
+                                std::to_string(dst_bytes) + " bytes, need " + std::to_string(need));
+  }
+}
+
 }  // namespace
 
 extern "C" {
@@ -97,6 +114,17 @@ const char* muon_last_error(void) {
 int muon_client_create(const char* const* servers, int n_servers, int rank, int world_size,
                        const char* name, int64_t connect_timeout_ms, int64_t op_timeout_ms,
                        muon_client** out) {
+  return muon_client_create_ex(servers, n_servers, rank, world_size, name, connect_timeout_ms,
+                               op_timeout_ms, nullptr, out);
+}
+
+int muon_client_has_cuda(void) {
+  return muon::client::built_with_cuda() ? 1 : 0;
+}
+
+int muon_client_create_ex(const char* const* servers, int n_servers, int rank, int world_size,
+                          const char* name, int64_t connect_timeout_ms, int64_t op_timeout_ms,
+                          const char* data_plane, muon_client** out) {
   return guarded([&] {
     if (!out || !servers || n_servers < 1)
       throw muon::InvalidArgument("muon_client_create: no server");
@@ -107,6 +135,7 @@ int muon_client_create(const char* const* servers, int n_servers, int rank, int 
     cfg.name = name ? name : "";
     if (connect_timeout_ms > 0) cfg.connect_timeout = std::chrono::milliseconds(connect_timeout_ms);
     if (op_timeout_ms > 0) cfg.op_timeout = std::chrono::milliseconds(op_timeout_ms);
+    if (data_plane && *data_plane) cfg.data_plane = muon::transport::parse_data_plane(data_plane);
     auto c = std::make_unique<muon_client>();
     c->impl = std::make_unique<muon::client::Client>(std::move(cfg));
     *out = c.release();
@@ -148,6 +177,17 @@ int muon_client_push(muon_client* c, const char* name, int64_t step, int64_t off
   });
 }
 
+int muon_client_push_device(muon_client* c, const char* name, int64_t step, int64_t offset,
+                            const void* device_ptr, int64_t count, void* cuda_stream) {
+  return guarded([&] {
+    if (!c || !name || (count > 0 && !device_ptr))
+      throw muon::InvalidArgument("muon_client_push_device: null argument");
+    c->impl->push_device(name, step, offset, device_ptr, count,
+                         static_cast<muon::StreamHandle>(cuda_stream));
+    return MUON_OK;
+  });
+}
+
 int muon_client_commit(muon_client* c, const char* name, int64_t step) {
   return guarded([&] {
     if (!c || !name) throw muon::InvalidArgument("muon_client_commit: null argument");
@@ -160,17 +200,21 @@ int muon_client_wait_update(muon_client* c, const char* name, int64_t step, void
                             int64_t dst_bytes, int* applied) {
   return guarded([&] {
     if (!c || !name || !dst) throw muon::InvalidArgument("muon_client_wait_update: null argument");
-    const auto& reg = c->impl->registration(name);
-    int64_t want = 0;
-    for (const auto& r : reg.want) want += r.size();
-    const int64_t need =
-        want * static_cast<int64_t>(muon::transport::dtype_bytes(reg.update_dtype));
-    if (dst_bytes != need) {
-      throw muon::InvalidArgument("parameter '" + std::string(name) + "': update buffer of " +
-                                  std::to_string(dst_bytes) + " bytes, need " +
-                                  std::to_string(need));
-    }
+    check_update_bytes(*c, name, dst_bytes);
     const bool ok = c->impl->wait_update(name, step, dst);
+    if (applied) *applied = ok ? 1 : 0;
+    return MUON_OK;
+  });
+}
+
+int muon_client_wait_update_device(muon_client* c, const char* name, int64_t step, void* device_dst,
+                                   int64_t dst_bytes, void* cuda_stream, int* applied) {
+  return guarded([&] {
+    if (!c || !name || !device_dst)
+      throw muon::InvalidArgument("muon_client_wait_update_device: null argument");
+    check_update_bytes(*c, name, dst_bytes);
+    const bool ok = c->impl->wait_update_device(name, step, device_dst,
+                                                static_cast<muon::StreamHandle>(cuda_stream));
     if (applied) *applied = ok ? 1 : 0;
     return MUON_OK;
   });

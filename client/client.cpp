@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+
+#include "client/device_copy.hpp"
 
 namespace muon::client {
 
@@ -24,7 +27,7 @@ void Client::connect_all() {
     connections_.push_back(std::make_unique<Connection>(
         path, config_.rank, config_.world_size,
         config_.name.empty() ? "rank " + std::to_string(config_.rank) : config_.name,
-        config_.connect_timeout, config_.op_timeout));
+        config_.connect_timeout, config_.op_timeout, config_.data_plane));
     connections_.back()->set_update_callback(
         [this](const std::string& name, int64_t step) { on_update_complete(name, step); });
   }
@@ -73,11 +76,10 @@ void Client::register_parameters(const std::vector<ParameterRegistration>& param
   }
 }
 
-void Client::push(const std::string& name, int64_t step, int64_t offset, const void* data,
-                  int64_t count) {
+void Client::for_each_piece(const std::string& name, int64_t offset, int64_t count,
+                            const std::function<void(int64_t, int64_t)>& piece) {
   const auto& reg = registration(name);
-  const size_t esize = transport::dtype_bytes(reg.grad_dtype);
-  const auto* bytes = static_cast<const std::byte*>(data);
+  const int64_t esize = static_cast<int64_t>(transport::dtype_bytes(reg.grad_dtype));
   // The server takes chunks that lie inside one push range: cut the data at range boundaries,
   // and refuse here (naming the elements) what lies outside every push range.
   int64_t pos = offset;
@@ -92,11 +94,39 @@ void Client::push(const std::string& name, int64_t step, int64_t offset, const v
                             " is outside the push ranges this rank registered");
     }
     const int64_t n = std::min(end, inside->end) - pos;
-    owner(name).push(name, step, pos, bytes + (pos - offset) * static_cast<int64_t>(esize), n,
-                     esize, transport::ChunkKind::gradient);
-    window_.bytes_pushed += n * static_cast<int64_t>(esize);
+    piece(pos, n);
+    window_.bytes_pushed += n * esize;
     pos += n;
   }
+}
+
+void Client::push(const std::string& name, int64_t step, int64_t offset, const void* data,
+                  int64_t count) {
+  const size_t esize = transport::dtype_bytes(registration(name).grad_dtype);
+  const auto* bytes = static_cast<const std::byte*>(data);
+  for_each_piece(name, offset, count, [&](int64_t pos, int64_t n) {
+    owner(name).push(name, step, pos, bytes + (pos - offset) * static_cast<int64_t>(esize), n,
+                     esize, transport::ChunkKind::gradient);
+  });
+}
+
+void Client::push_device(const std::string& name, int64_t step, int64_t offset,
+                         const void* device_data, int64_t count, StreamHandle stream) {
+  const size_t esize = transport::dtype_bytes(registration(name).grad_dtype);
+  Connection& c = owner(name);
+  if (count > 0) require_device_memory(device_data, "push_device of '" + name + "'");
+  if (c.data_plane() != transport::DataPlane::cuda_ipc) {
+    // Host shared memory: stage through the host.
+    std::vector<std::byte> host(static_cast<size_t>(std::max<int64_t>(count, 0)) * esize);
+    copy_device_to_host(host.data(), device_data, host.size(), stream);
+    push(name, step, offset, host.data(), count);
+    return;
+  }
+  const auto* bytes = static_cast<const std::byte*>(device_data);
+  for_each_piece(name, offset, count, [&](int64_t pos, int64_t n) {
+    c.push_device(name, step, pos, bytes + (pos - offset) * static_cast<int64_t>(esize), n, esize,
+                  transport::ChunkKind::gradient, stream);
+  });
 }
 
 void Client::commit(const std::string& name, int64_t step) {
@@ -108,12 +138,42 @@ void Client::flush() {
 }
 
 bool Client::wait_update(const std::string& name, int64_t step, void* dst) {
+  return timed_wait(name, step, [&](Connection& c) {
+    return c.wait_update(name, step, static_cast<std::byte*>(dst));
+  });
+}
+
+size_t Client::want_bytes(const ParameterRegistration& reg) const {
+  int64_t want = 0;
+  for (const auto& r : reg.want) want += r.size();
+  return static_cast<size_t>(want) * transport::dtype_bytes(reg.update_dtype);
+}
+
+bool Client::wait_update_device(const std::string& name, int64_t step, void* device_dst,
+                                StreamHandle stream) {
+  const size_t bytes = want_bytes(registration(name));
+  // Checked before anything is taken: a failure here leaves the update held.
+  if (bytes > 0) require_device_memory(device_dst, "wait_update_device of '" + name + "'");
+  if (owner(name).data_plane() == transport::DataPlane::cuda_ipc) {
+    return timed_wait(name, step, [&](Connection& c) {
+      return c.wait_update_device(name, step, static_cast<std::byte*>(device_dst), stream);
+    });
+  }
+  // Host shared memory: the staging buffer outlives the copy (copy_host_to_device waits).
+  std::vector<std::byte> host(bytes);
+  const bool applied = wait_update(name, step, host.data());
+  copy_host_to_device(device_dst, host.data(), bytes, stream);
+  return applied;
+}
+
+bool Client::timed_wait(const std::string& name, int64_t step,
+                        const std::function<bool(Connection&)>& wait) {
   using std::chrono::steady_clock;
   Connection& c = owner(name);
   const auto t0 = steady_clock::now();
   bool applied = false;
   try {
-    applied = c.wait_update(name, step, static_cast<std::byte*>(dst));
+    applied = wait(c);
   } catch (...) {
     window_.exposed_wait_s += std::chrono::duration<double>(steady_clock::now() - t0).count();
     throw;

@@ -6,9 +6,16 @@
 //   for each gradient as autograd produces it:  push(name, step, offset, data, count); commit(...)
 //   at optimizer.step():                         wait_update(name, step, dst) for each parameter
 //   once every update is in hand:                report_step(step)
+//
+// Data plane (ClientConfig::data_plane): `shm` (host shared memory, any server) or `cuda_ipc`
+// (the server's device rings on the same node, a server on the CUDA backend): gradients go from
+// the trainer's device memory into the server's GPU with no host staging (push_device) and
+// updates come back into device memory (wait_update_device). The host calls work on both planes,
+// the device calls too (on shm they stage through host memory).
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -16,6 +23,7 @@
 #include <vector>
 
 #include "client/connection.hpp"
+#include "kernels/device_stream.hpp"
 #include "kernels/muon_options.hpp"
 #include "transport/messages.hpp"
 
@@ -29,6 +37,12 @@ struct ClientConfig {
   std::string name;    ///< for the server's logs
   std::chrono::milliseconds connect_timeout{10000};
   std::chrono::milliseconds op_timeout{120000};
+  /// How gradient and update bytes move, for every server: shm (host shared memory) or cuda_ipc
+  /// (the server's device rings, opened on the CUDA device current when the Client is created or
+  /// reconnects: make the trainer's device current first, cudaSetDevice / torch.cuda.set_device).
+  /// A server that cannot serve cuda_ipc (CPU backend) refuses the connection: ServerError with
+  /// code "unsupported" and the server's reason.
+  transport::DataPlane data_plane = transport::DataPlane::shm;
 };
 
 /// One parameter as this rank registers it.
@@ -55,7 +69,9 @@ struct StepStats {
 
 class Client {
  public:
-  /// Connects to every server. Throws ConnectionLost naming the unreachable server.
+  /// Connects to every server. Throws ConnectionLost naming the unreachable server; ServerError
+  /// (code "unsupported") when a server refuses the data plane; BackendUnavailable / DeviceError
+  /// when cuda_ipc rings cannot be opened here (built without CUDA, no usable GPU).
   explicit Client(ClientConfig config);
   ~Client();
 
@@ -69,6 +85,19 @@ class Client {
   /// Several pushes of the same elements in one step accumulate on the server. Returns once the
   /// data sits in shared memory.
   void push(const std::string& name, int64_t step, int64_t offset, const void* data, int64_t count);
+  /// push from CUDA device memory: `device_data` holds `count` elements (grad dtype) on the
+  /// device current at connection (cuda_ipc) or any device (shm). cuda_ipc: each chunk is copied
+  /// on `stream` straight into the server's GPU ring, ordered after the work already on `stream`
+  /// (e.g. the backward that produced the gradient); returns once the copies are enqueued, so the
+  /// caller must keep `device_data` alive and unchanged until `stream` has passed them (record an
+  /// event, or let the caching allocator's stream semantics do it). shm: copies to host on
+  /// `stream`, waits for it, then pushes as push() does. `stream` is a cudaStream_t (nullptr: the
+  /// legacy default stream). Counted in bytes_pushed like push. Throws InvalidArgument (elements
+  /// outside the push ranges, `device_data` not device memory), DeviceError (CUDA fails, e.g. no
+  /// usable GPU), BackendUnavailable (built without CUDA), and what push throws; a throw before
+  /// anything was announced leaves the connection usable.
+  void push_device(const std::string& name, int64_t step, int64_t offset, const void* device_data,
+                   int64_t count, StreamHandle stream);
   /// Declares this rank's contribution to (name, step) complete.
   void commit(const std::string& name, int64_t step);
   /// Waits until every server has taken all pushed data out of shared memory.
@@ -76,6 +105,17 @@ class Client {
   /// Waits for the update of (name, step) and copies the packed want ranges (update dtype) to
   /// dst. Returns false when the server skipped the step (non-finite policy skip; dst zeroed).
   bool wait_update(const std::string& name, int64_t step, void* dst);
+  /// wait_update into CUDA device memory: `device_dst` receives the packed want ranges (want
+  /// elements x update dtype bytes). cuda_ipc: the update was already copied out of the ring into
+  /// a client-owned device buffer on the connection's reader stream; `stream` is made to wait for
+  /// that copy, then copies into `device_dst` (device to device); returns once enqueued: the
+  /// values are there for work queued on `stream` after this call. shm: waits on the host, then
+  /// copies to `device_dst` on `stream` and waits for it. Returns false when the server skipped
+  /// the step (zeros). Throws what wait_update throws, plus InvalidArgument (`device_dst` not
+  /// device memory), DeviceError, BackendUnavailable; those three leave the update held, so a
+  /// later wait_update of the same step still gets it.
+  bool wait_update_device(const std::string& name, int64_t step, void* device_dst,
+                          StreamHandle stream);
   bool update_ready(const std::string& name, int64_t step);
   /// Calls `cb(name, step)` on a client thread as each update completes (once per parameter and
   /// step; it may run just before or just after a wait_update of the same step returns). The
@@ -109,6 +149,16 @@ class Client {
 
  private:
   Connection& owner(const std::string& name);
+  /// Cuts [offset, offset + count) at the parameter's push ranges and calls piece(element,
+  /// elements) for each piece, counting its bytes as pushed; InvalidArgument (naming the
+  /// element) for elements outside every push range.
+  void for_each_piece(const std::string& name, int64_t offset, int64_t count,
+                      const std::function<void(int64_t, int64_t)>& piece);
+  /// Runs wait(connection) with the exposed-wait and slowest-parameter accounting of wait_update.
+  bool timed_wait(const std::string& name, int64_t step,
+                  const std::function<bool(Connection&)>& wait);
+  /// Bytes of the packed want ranges of a parameter (update dtype).
+  size_t want_bytes(const ParameterRegistration& reg) const;
   void connect_all();
   /// Installed on every connection: records when each update completed, then calls callback_.
   void on_update_complete(const std::string& name, int64_t step);

@@ -19,8 +19,12 @@ std::string ms_text(std::chrono::milliseconds ms) {
 
 Connection::Connection(std::string socket_path, int rank, int world_size,
                        const std::string& client_name, std::chrono::milliseconds connect_timeout,
-                       std::chrono::milliseconds op_timeout)
-    : path_(std::move(socket_path)), rank_(rank), op_timeout_(op_timeout), socket_(io_) {
+                       std::chrono::milliseconds op_timeout, transport::DataPlane data_plane)
+    : path_(std::move(socket_path)),
+      rank_(rank),
+      op_timeout_(op_timeout),
+      socket_(io_),
+      data_plane_(data_plane) {
   const auto give_up = Clock::now() + connect_timeout;
   auto backoff = std::chrono::milliseconds(10);
   for (;;) {
@@ -39,11 +43,31 @@ Connection::Connection(std::string socket_path, int rank, int world_size,
   reader_ = std::thread([this] { reader_loop(); });
   try {
     const auto id = send_request(
-        MessageType::hello, transport::encode(transport::Hello{rank, world_size, client_name}));
+        MessageType::hello,
+        transport::encode(transport::Hello{rank, world_size, client_name, data_plane}));
     const auto ok = transport::decode<transport::HelloOk>(wait_reply(id, "hello").payload);
-    transport::SegmentLayout layout{ok.tx_slots, ok.rx_slots, ok.slot_bytes};
-    segment_.emplace(transport::ShmSegment::open_and_unlink(ok.shm_name, layout));
+    if (ok.data_plane != data_plane) {
+      throw ServerError("muon-offloadd at '" + path_ + "' answered a hello asking for data plane " +
+                            transport::data_plane_name(data_plane) + " with data plane " +
+                            transport::data_plane_name(ok.data_plane) +
+                            " (a server that predates the choice of data plane?)",
+                        "unsupported", "", -1, -1);
+    }
+    std::unique_ptr<DeviceRings> rings;
+    if (data_plane == transport::DataPlane::cuda_ipc) {
+      if (!ok.tx_ring || !ok.rx_ring) {
+        throw ServerError("muon-offloadd at '" + path_ +
+                              "' agreed to data plane cuda_ipc but sent no device rings",
+                          "bad_reply", "", -1, -1);
+      }
+      rings = std::make_unique<DeviceRings>(*ok.tx_ring, *ok.rx_ring);
+    } else {
+      transport::SegmentLayout layout{ok.tx_slots, ok.rx_slots, ok.slot_bytes};
+      segment_.emplace(transport::ShmSegment::open_and_unlink(ok.shm_name, layout));
+    }
     std::lock_guard lk(mu_);
+    rings_ = std::move(rings);
+    slot_bytes_ = ok.slot_bytes;
     tx_busy_.assign(ok.tx_slots, false);
   } catch (...) {
     boost::system::error_code ignored;
@@ -141,15 +165,50 @@ void Connection::expect_updates(const std::string& name, std::vector<transport::
     p.want_elems += r.size();
   }
   p.elem_bytes = elem_bytes;
-  p.receiving.assign(static_cast<size_t>(p.want_elems) * elem_bytes, std::byte{0});
+  if (!rings_) p.receiving.assign(static_cast<size_t>(p.want_elems) * elem_bytes, std::byte{0});
   p.receiving_step = -1;
   p.complete.clear();
   p.spare.clear();
+  p.receiving_dev.reset();  // the reader allocates holding buffers of the new size
+  p.spare_dev.clear();
 }
 
 void Connection::push(const std::string& name, int64_t step, int64_t offset, const std::byte* data,
                       int64_t count, size_t elem_bytes, transport::ChunkKind kind) {
-  const int64_t per_slot = static_cast<int64_t>(segment_->layout().slot_bytes / elem_bytes);
+  if (rings_) {
+    push_chunks(name, step, offset, count, elem_bytes, kind,
+                [&](uint32_t slot, int64_t first, int64_t n) {
+                  rings_->copy_in_host(slot, data + first * elem_bytes,
+                                       static_cast<size_t>(n) * elem_bytes);
+                });
+    rings_->sync_host_pushes();  // the caller may reuse `data` once this returns
+    return;
+  }
+  push_chunks(name, step, offset, count, elem_bytes, kind,
+              [&](uint32_t slot, int64_t first, int64_t n) {
+                std::memcpy(segment_->tx_slot(slot), data + first * elem_bytes,
+                            static_cast<size_t>(n) * elem_bytes);
+              });
+}
+
+void Connection::push_device(const std::string& name, int64_t step, int64_t offset,
+                             const std::byte* device_data, int64_t count, size_t elem_bytes,
+                             transport::ChunkKind kind, StreamHandle stream) {
+  if (!rings_) {
+    throw InvalidArgument("push_device of '" + name + "' to '" + path_ +
+                          "': the session's data plane is shm, not cuda_ipc");
+  }
+  push_chunks(name, step, offset, count, elem_bytes, kind,
+              [&](uint32_t slot, int64_t first, int64_t n) {
+                rings_->copy_in(slot, device_data + first * elem_bytes,
+                                static_cast<size_t>(n) * elem_bytes, stream);
+              });
+}
+
+void Connection::push_chunks(const std::string& name, int64_t step, int64_t offset, int64_t count,
+                             size_t elem_bytes, transport::ChunkKind kind,
+                             const std::function<void(uint32_t, int64_t, int64_t)>& copy) {
+  const int64_t per_slot = static_cast<int64_t>(slot_bytes_ / elem_bytes);
   const uint32_t attempt = attempt_of(name, step);
   for (int64_t done = 0; done < count || (count == 0 && done == 0); done += per_slot) {
     const int64_t n = std::min(per_slot, count - done);
@@ -160,17 +219,23 @@ void Connection::push(const std::string& name, int64_t step, int64_t offset, con
         return std::find(tx_busy_.begin(), tx_busy_.end(), false) != tx_busy_.end();
       };
       if (!cv_.wait_until(lk, deadline(), [&] { return free_slot() || !lost_.empty(); })) {
-        throw Timeout("no free shared-memory slot to push '" + name + "' step " +
-                      std::to_string(step) + " within " + ms_text(op_timeout_) +
-                      " (the server is not draining the ring)");
+        throw Timeout("no free " + std::string(transport::data_plane_name(data_plane_)) +
+                      " ring slot to push '" + name + "' step " + std::to_string(step) +
+                      " within " + ms_text(op_timeout_) + " (the server is not draining the ring)");
       }
       if (!lost_.empty()) throw_lost("pushing '" + name + "'");
       slot = static_cast<uint32_t>(std::find(tx_busy_.begin(), tx_busy_.end(), false) -
                                    tx_busy_.begin());
       tx_busy_[slot] = true;
     }
-    std::memcpy(segment_->tx_slot(slot), data + done * elem_bytes,
-                static_cast<size_t>(n) * elem_bytes);
+    try {
+      copy(slot, done, n);
+    } catch (...) {
+      std::lock_guard lk(mu_);
+      tx_busy_[slot] = false;  // nothing announced: the credit is still ours
+      cv_.notify_all();
+      throw;
+    }
     transport::Push m{name, step, offset + done, n, slot, kind, attempt};
     send_frame(MessageType::push, transport::encode(m));
     if (count == 0) break;
@@ -205,6 +270,27 @@ bool Connection::update_ready(const std::string& name, int64_t step) {
 }
 
 bool Connection::wait_update(const std::string& name, int64_t step, std::byte* dst) {
+  return take_update(name, step, [&](ParamRx::Complete& c) {
+    if (c.dev) {
+      c.dev->copy_to_host(dst);
+    } else {
+      std::memcpy(dst, c.values.data(), c.values.size());
+    }
+  });
+}
+
+bool Connection::wait_update_device(const std::string& name, int64_t step, std::byte* device_dst,
+                                    StreamHandle stream) {
+  if (!rings_) {
+    throw InvalidArgument("wait_update_device of '" + name + "' from '" + path_ +
+                          "': the session's data plane is shm, not cuda_ipc");
+  }
+  return take_update(name, step,
+                     [&](ParamRx::Complete& c) { c.dev->copy_to_device(device_dst, stream); });
+}
+
+bool Connection::take_update(const std::string& name, int64_t step,
+                             const std::function<void(ParamRx::Complete&)>& take) {
   std::unique_lock lk(mu_);
   auto it = params_.find(name);
   if (it == params_.end()) {
@@ -232,11 +318,15 @@ bool Connection::wait_update(const std::string& name, int64_t step, std::byte* d
     throw err;
   }
   if (auto c = p.complete.find(step); c != p.complete.end()) {
-    std::memcpy(dst, c->second.values.data(), c->second.values.size());
+    take(c->second);
     const bool applied = c->second.applied;
     // This step and every earlier one are done with: recycle their buffers.
     for (auto d = p.complete.begin(); d != p.complete.end() && d->first <= step;) {
-      p.spare.push_back(std::move(d->second.values));
+      if (d->second.dev) {
+        p.spare_dev.push_back(std::move(d->second.dev));
+      } else {
+        p.spare.push_back(std::move(d->second.values));
+      }
       d = p.complete.erase(d);
     }
     return applied;
@@ -317,6 +407,8 @@ void Connection::reader_loop() {
         decoder.feed(buf.data(), n);
         while (auto f = decoder.next()) handle(std::move(*f));
         continue;
+      } catch (const DeviceError& e) {
+        why = std::string("the device data plane failed: ") + e.what();
       } catch (const std::exception& e) {
         why = std::string("bad data from the server: ") + e.what();
       }
@@ -370,11 +462,20 @@ void Connection::handle_update(const transport::Update& u) {
   bool complete = false;
   {
     std::lock_guard lk(mu_);
+    if (rings_) rings_->enter_reader_thread();
     auto& p = params_[u.name];
-    const std::byte* src = segment_->rx_slot(u.slot);
     if (u.kind == transport::ChunkKind::momentum) {
-      if (u.offset >= 0 && u.offset + u.count <= static_cast<int64_t>(p.momentum.size())) {
-        std::memcpy(p.momentum.data() + u.offset, src, static_cast<size_t>(u.count) * 4);
+      const bool inside =
+          u.offset >= 0 && u.offset + u.count <= static_cast<int64_t>(p.momentum.size());
+      const size_t bytes = static_cast<size_t>(u.count) * 4;
+      if (rings_) {
+        if (inside) {
+          rings_->copy_out_to_host(u.slot, p.momentum.data() + u.offset, bytes);
+        } else {
+          rings_->release(u.slot);
+        }
+      } else if (inside) {
+        std::memcpy(p.momentum.data() + u.offset, segment_->rx_slot(u.slot), bytes);
       }
       if (u.last) {
         p.momentum_ready = true;
@@ -385,36 +486,61 @@ void Connection::handle_update(const transport::Update& u) {
         p.receiving_step = u.step;
         p.received = 0;
         p.receiving_applied = true;
+        if (rings_) {
+          if (!p.receiving_dev) {
+            if (!p.spare_dev.empty()) {
+              p.receiving_dev = std::move(p.spare_dev.back());
+              p.spare_dev.pop_back();
+            } else {
+              p.receiving_dev =
+                  std::make_unique<DeviceHold>(static_cast<size_t>(p.want_elems) * p.elem_bytes);
+            }
+          }
+          // A recycled buffer may still be read by a consumer's stream.
+          p.receiving_dev->begin_fill(rings_->reader_stream());
+        }
       }
       // Find the want range holding the chunk; its packed position follows.
+      bool in_want = false;
+      int64_t pos = 0;
       auto it =
           std::upper_bound(p.want.begin(), p.want.end(), u.offset,
                            [](int64_t off, const transport::Range& r) { return off < r.begin; });
       if (it != p.want.begin()) {
         const size_t w = static_cast<size_t>(it - p.want.begin() - 1);
         if (u.offset + u.count <= p.want[w].end) {
-          const int64_t pos = p.want_prefix[w] + (u.offset - p.want[w].begin);
-          std::memcpy(p.receiving.data() + pos * p.elem_bytes, src,
-                      static_cast<size_t>(u.count) * p.elem_bytes);
-          p.received += u.count;
+          in_want = true;
+          pos = p.want_prefix[w] + (u.offset - p.want[w].begin);
         }
       }
+      receive_chunk(p, u, in_want, pos);
+      if (in_want) p.received += u.count;
       p.receiving_applied = p.receiving_applied && u.applied;
       if (u.last && p.received == p.want_elems) {
         // Hand the step over and start the next one in a recycled (warm) buffer.
-        const size_t bytes = p.receiving.size();
         auto& done = p.complete[u.step];
         done.applied = p.receiving_applied;
-        std::swap(done.values, p.receiving);
-        if (!p.spare.empty()) {
-          p.receiving = std::move(p.spare.back());
-          p.spare.pop_back();
+        if (rings_) {
+          p.receiving_dev->end_fill(rings_->reader_stream());
+          done.dev = std::move(p.receiving_dev);  // the next step takes a spare or a new one
+        } else {
+          const size_t bytes = p.receiving.size();
+          std::swap(done.values, p.receiving);
+          if (!p.spare.empty()) {
+            p.receiving = std::move(p.spare.back());
+            p.spare.pop_back();
+          }
+          p.receiving.resize(bytes);
         }
-        p.receiving.resize(bytes);
         p.receiving_step = -1;
         while (p.complete.size() > kMaxHeldUpdates) {
+          auto& oldest = p.complete.begin()->second;
           p.dropped_through = std::max(p.dropped_through, p.complete.begin()->first);
-          p.spare.push_back(std::move(p.complete.begin()->second.values));
+          if (oldest.dev) {
+            p.spare_dev.push_back(std::move(oldest.dev));
+          } else {
+            p.spare.push_back(std::move(oldest.values));
+          }
           p.complete.erase(p.complete.begin());
         }
         complete = true;
@@ -422,12 +548,28 @@ void Connection::handle_update(const transport::Update& u) {
       }
     }
   }
+  // cuda_ipc: the copy out of the slot is only enqueued; the slot's free event orders the
+  // server's next write into it, so the credit goes back at once.
   send_frame(MessageType::update_ack, transport::encode(transport::SlotAck{u.slot}));
   {
     std::lock_guard lk(mu_);
     cv_.notify_all();
   }
   if (complete && cb) cb(u.name, u.step);
+}
+
+void Connection::receive_chunk(ParamRx& p, const transport::Update& u, bool in_want, int64_t pos) {
+  const size_t bytes = static_cast<size_t>(u.count) * p.elem_bytes;
+  const size_t at = static_cast<size_t>(pos) * p.elem_bytes;
+  if (rings_) {
+    if (in_want) {
+      rings_->copy_out(u.slot, static_cast<std::byte*>(p.receiving_dev->data()) + at, bytes);
+    } else {
+      rings_->release(u.slot);
+    }
+  } else if (in_want) {
+    std::memcpy(p.receiving.data() + at, segment_->rx_slot(u.slot), bytes);
+  }
 }
 
 }  // namespace muon::client

@@ -1,6 +1,7 @@
 // One client connection to one muon-offloadd: the control socket (blocking writes, a reader
-// thread for everything the server sends), the session's shared-memory rings with credit-based
-// flow control, and the per-parameter receive state of updates.
+// thread for everything the server sends), the session's data plane with credit-based flow
+// control (host shared-memory rings, or the server's device rings over CUDA IPC), and the
+// per-parameter receive state of updates.
 #pragma once
 
 #include "transport/asio.hpp"
@@ -17,6 +18,9 @@
 #include <vector>
 
 #include "client/client_error.hpp"
+#include "client/device_hold.hpp"
+#include "client/device_rings.hpp"
+#include "kernels/device_stream.hpp"
 #include "transport/frame.hpp"
 #include "transport/messages.hpp"
 #include "transport/shm_segment.hpp"
@@ -31,10 +35,16 @@ using UpdateCallback = std::function<void(const std::string& name, int64_t step)
 class Connection {
  public:
   /// Connects (retrying with exponential backoff, 10 ms doubling to 1 s, until connect_timeout),
-  /// says hello, maps the session's shared memory. Throws ConnectionLost naming the socket path
-  /// and the last OS error, or ServerError when the server refuses the hello.
+  /// says hello asking for `data_plane`, and maps the session's shared memory (shm) or opens the
+  /// server's device rings (cuda_ipc: on the current CUDA device, which must be the device whose
+  /// memory the trainer pushes from and receives into; see DeviceRings). Throws ConnectionLost
+  /// naming the socket path and the last OS error; ServerError when the server refuses the hello
+  /// (e.g. code "unsupported": cuda_ipc asked of a server on the CPU backend; the message is the
+  /// server's) or answers with another data plane; BackendUnavailable / DeviceError when the
+  /// device rings cannot be opened here (built without CUDA, no usable GPU).
   Connection(std::string socket_path, int rank, int world_size, const std::string& client_name,
-             std::chrono::milliseconds connect_timeout, std::chrono::milliseconds op_timeout);
+             std::chrono::milliseconds connect_timeout, std::chrono::milliseconds op_timeout,
+             transport::DataPlane data_plane = transport::DataPlane::shm);
   /// Says goodbye and joins the reader thread.
   ~Connection();
 
@@ -43,11 +53,22 @@ class Connection {
   /// Waits for the register_ok of a send_register. Throws ServerError / ConnectionLost / Timeout.
   transport::RegisterOk wait_register(uint32_t request_id, const std::string& name);
 
-  /// Copies `count` elements of `elem_bytes` each into a free tx slot (waiting for a credit) and
-  /// announces them. Returns once the bytes are in shared memory; never waits for the server's
-  /// Newton-Schulz. Data larger than a slot is sent as several chunks.
+  /// The data plane the server agreed to.
+  transport::DataPlane data_plane() const { return data_plane_; }
+
+  /// Copies `count` elements of `elem_bytes` each from host memory into a free tx slot (waiting
+  /// for a credit) and announces them. Returns once the bytes are in the slot (cuda_ipc: the
+  /// copies are complete, `data` may be reused); never waits for the server's Newton-Schulz.
+  /// Data larger than a slot is sent as several chunks.
   void push(const std::string& name, int64_t step, int64_t offset, const std::byte* data,
             int64_t count, size_t elem_bytes, transport::ChunkKind kind);
+  /// The same from CUDA device memory, on a cuda_ipc connection only: each chunk is copied
+  /// straight into the server's tx ring on `stream` (no host staging). Returns once the copies
+  /// are enqueued: `device_data` must stay alive and unchanged until `stream` has passed them.
+  /// Throws InvalidArgument on a shm connection, DeviceError when CUDA fails.
+  void push_device(const std::string& name, int64_t step, int64_t offset,
+                   const std::byte* device_data, int64_t count, size_t elem_bytes,
+                   transport::ChunkKind kind, StreamHandle stream);
   /// Sends a commit.
   void commit(const std::string& name, int64_t step);
   /// Waits until the server has taken every pushed chunk out of shared memory (all tx slots
@@ -58,7 +79,14 @@ class Connection {
   /// values (update dtype) to dst (want elements x update dtype bytes). Returns false when the
   /// server skipped the step (non-finite policy skip: zeros). Throws ServerError (the server's
   /// error for this parameter and step, e.g. a lost rank), ConnectionLost, Timeout.
+  /// On a cuda_ipc connection the update is copied from its device holding buffer (blocking).
   bool wait_update(const std::string& name, int64_t step, std::byte* dst);
+  /// cuda_ipc connections only: as wait_update, but the values land in `device_dst` (device
+  /// memory on the connection's device), copied on `stream` after the update's copies out of the
+  /// ring (stream-ordered; returns once enqueued). Throws as wait_update, plus InvalidArgument on
+  /// a shm connection and DeviceError when CUDA fails (the update then stays held).
+  bool wait_update_device(const std::string& name, int64_t step, std::byte* device_dst,
+                          StreamHandle stream);
   /// True when the update of (name, step) is complete.
   bool update_ready(const std::string& name, int64_t step);
 
@@ -96,7 +124,8 @@ class Connection {
     int64_t want_elems = 0;
     size_t elem_bytes = 4;
     // The step being received: chunks land in `receiving` until the step's last one.
-    std::vector<std::byte> receiving;
+    std::vector<std::byte> receiving;           // shm
+    std::unique_ptr<DeviceHold> receiving_dev;  // cuda_ipc (allocated by the reader)
     int64_t receiving_step = -1;
     int64_t received = 0;
     bool receiving_applied = true;
@@ -105,12 +134,14 @@ class Connection {
     // asks for an earlier one, so each complete step is kept until it is taken (or superseded:
     // wait_update(s) drops every step below s; at most kMaxHeldUpdates are kept).
     struct Complete {
-      std::vector<std::byte> values;
+      std::vector<std::byte> values;    // shm
+      std::unique_ptr<DeviceHold> dev;  // cuda_ipc
       bool applied = true;
     };
     std::map<int64_t, Complete> complete;
     int64_t dropped_through = -1;  // steps <= this were dropped unread (kMaxHeldUpdates)
-    std::vector<std::vector<std::byte>> spare;  // recycled buffers (warm pages)
+    std::vector<std::vector<std::byte>> spare;           // recycled buffers (warm pages)
+    std::vector<std::unique_ptr<DeviceHold>> spare_dev;  // recycled device holding buffers
     // Retries: once wait_update has reported an error for step `retry_step`, later pushes and
     // commits of that step carry attempt `retry_attempt`, so that the server discards whatever
     // of the failed try was still in flight (transport::Push::attempt).
@@ -128,6 +159,19 @@ class Connection {
   void reader_loop();
   void handle(transport::Frame frame);
   void handle_update(const transport::Update& u);
+  /// handle_update's copy out of the rx slot (shm or device ring). Runs under mu_.
+  void receive_chunk(ParamRx& p, const transport::Update& u, bool in_want, int64_t pos);
+  /// Takes credits for ceil(count / per-slot) tx slots one by one, calls copy(slot, first
+  /// element, elements) for each, and sends its push frame. A copy that throws gives its slot
+  /// back (nothing was announced).
+  void push_chunks(const std::string& name, int64_t step, int64_t offset, int64_t count,
+                   size_t elem_bytes, transport::ChunkKind kind,
+                   const std::function<void(uint32_t, int64_t, int64_t)>& copy);
+  /// Waits for the update of (name, step) like wait_update, hands it to `take` under mu_, then
+  /// recycles the buffers of it and every earlier step. An exception from `take` leaves the
+  /// update held.
+  bool take_update(const std::string& name, int64_t step,
+                   const std::function<void(ParamRx::Complete&)>& take);
   [[noreturn]] void throw_lost(const std::string& what);
   Clock::time_point deadline() const { return Clock::now() + op_timeout_; }
   /// The attempt pushes and commits of (name, step) carry. Takes mu_.
@@ -138,7 +182,10 @@ class Connection {
   std::chrono::milliseconds op_timeout_;
   boost::asio::io_context io_;
   boost::asio::local::stream_protocol::socket socket_;
-  std::optional<transport::ShmSegment> segment_;
+  transport::DataPlane data_plane_ = transport::DataPlane::shm;
+  uint64_t slot_bytes_ = 0;
+  std::optional<transport::ShmSegment> segment_;  // shm
+  std::unique_ptr<DeviceRings> rings_;            // cuda_ipc
   std::mutex write_mu_;
   std::mutex mu_;
   std::condition_variable cv_;

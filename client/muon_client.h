@@ -27,7 +27,9 @@ enum {
   MUON_ERR_TIMEOUT = -4,    /* a wait ran past its timeout */
   MUON_ERR_NONFINITE = -5,  /* NaN/Inf in a gradient (policy error) */
   MUON_ERR_PEER_LOST = -6,  /* another rank of the job was lost mid-step */
-  MUON_ERR_INTERNAL = -7
+  MUON_ERR_INTERNAL = -7,
+  MUON_ERR_DEVICE = -8,     /* a CUDA call failed (e.g. no usable GPU: driver too old, no device) */
+  MUON_ERR_UNAVAILABLE = -9 /* not available in this build (e.g. built without CUDA) */
 };
 
 typedef struct muon_client muon_client;
@@ -39,23 +41,47 @@ const char* muon_last_error(void);
 int muon_client_create(const char* const* servers, int n_servers, int rank, int world_size,
                        const char* name, int64_t connect_timeout_ms, int64_t op_timeout_ms,
                        muon_client** out);
+/* muon_client_create with the data plane of every connection: "shm" (also NULL or ""; host
+ * shared memory) or "cuda_ipc" (the servers' device rings over CUDA IPC, same node, servers on
+ * the CUDA backend). cuda_ipc opens the rings on the CUDA device current on the calling thread:
+ * make the trainer's device current first (cudaSetDevice). A server that cannot serve cuda_ipc
+ * refuses with MUON_ERR_SERVER and its reason; a client without CUDA or GPU fails with
+ * MUON_ERR_UNAVAILABLE or MUON_ERR_DEVICE. */
+int muon_client_create_ex(const char* const* servers, int n_servers, int rank, int world_size,
+                          const char* name, int64_t connect_timeout_ms, int64_t op_timeout_ms,
+                          const char* data_plane, muon_client** out);
 void muon_client_destroy(muon_client* c);
+/* 1 when this library was built with CUDA (the *_device functions and cuda_ipc can work). */
+int muon_client_has_cuda(void);
 
 /* Registers one parameter with server `server` and waits until every rank registered it.
  * grad_dtype / update_dtype: "f32" or "bf16". */
 int muon_client_register(muon_client* c, const char* name, const int64_t* shape, int ndim,
-                         const char* grad_dtype, const char* update_dtype,
-                         const char* options_json, const int64_t* push_ranges, int n_push,
-                         const int64_t* want_ranges, int n_want, int server);
+                         const char* grad_dtype, const char* update_dtype, const char* options_json,
+                         const int64_t* push_ranges, int n_push, const int64_t* want_ranges,
+                         int n_want, int server);
 
 /* Pushes `count` elements (grad dtype) at element `offset`. */
 int muon_client_push(muon_client* c, const char* name, int64_t step, int64_t offset,
                      const void* data, int64_t count);
+/* muon_client_push from CUDA device memory: `count` elements (grad dtype) at device_ptr, copied on
+ * `cuda_stream` (a cudaStream_t; NULL: the legacy default stream) after the work already queued
+ * there. cuda_ipc: straight into the server's GPU, returns once the copies are enqueued (keep
+ * device_ptr alive and unchanged until the stream has passed them); shm: staged through host
+ * memory, returns once pushed. MUON_ERR_INVALID when device_ptr is not device memory. */
+int muon_client_push_device(muon_client* c, const char* name, int64_t step, int64_t offset,
+                            const void* device_ptr, int64_t count, void* cuda_stream);
 int muon_client_commit(muon_client* c, const char* name, int64_t step);
 /* Waits for the update; writes the packed want ranges (update dtype) to dst (dst_bytes checked).
  * *applied is 0 when the server skipped the step (zeros). */
 int muon_client_wait_update(muon_client* c, const char* name, int64_t step, void* dst,
                             int64_t dst_bytes, int* applied);
+/* muon_client_wait_update into CUDA device memory (dst_bytes checked): the values are there for
+ * work queued on `cuda_stream` after the call (cuda_ipc: returns once the copy is enqueued; shm:
+ * once it is done). On MUON_ERR_INVALID / MUON_ERR_DEVICE / MUON_ERR_UNAVAILABLE the update stays
+ * held: a later wait of the same step still gets it. */
+int muon_client_wait_update_device(muon_client* c, const char* name, int64_t step, void* device_dst,
+                                   int64_t dst_bytes, void* cuda_stream, int* applied);
 /* 1 when the update of (name, step) is complete, 0 when not, < 0 on error. */
 int muon_client_update_ready(muon_client* c, const char* name, int64_t step);
 

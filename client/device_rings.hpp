@@ -1,0 +1,69 @@
+// The device data plane of one cuda_ipc session, as the client sees it: the server's two exported
+// device rings (transport::RemoteRing), opened once per process through one IPC handle cache, and
+// the client's own streams for them. Plain C++ header (no CUDA types); the implementation is
+// device_rings.cpp in CUDA builds and device_unavailable.cpp (every call throws
+// BackendUnavailable) otherwise.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "kernels/device_stream.hpp"
+#include "transport/cuda_ipc_handle.hpp"
+
+namespace muon::client {
+
+/// The rings of a cuda_ipc session. The tx ring takes what this client sends (gradients in the
+/// grad dtype, momentum loads in fp32), the rx ring holds what the server returns (updates in the
+/// update dtype, fetched momentum in fp32); both have the slot count and slot bytes of HelloOk.
+/// Who may use which slot when is the control plane's business (credits, push / update frames);
+/// the slots' interprocess events only order the GPU work (see transport/cuda_ipc.hpp).
+class DeviceRings {
+ public:
+  /// Opens both rings on the current CUDA device. Call it with the device whose memory the
+  /// trainer pushes from and receives into current (cudaSetDevice is the caller's business);
+  /// every later call of this object works on that device. The process' IPC handle cache is
+  /// shared by every connection (a mapping costs up to hundreds of ms; made once per handle).
+  /// Throws BackendUnavailable (built without CUDA), DeviceError (no usable GPU, CUDA refuses
+  /// a handle), InvalidArgument (an inconsistent descriptor).
+  DeviceRings(const transport::DeviceRingDescriptor& tx, const transport::DeviceRingDescriptor& rx);
+  ~DeviceRings();
+  DeviceRings(const DeviceRings&) = delete;
+  DeviceRings& operator=(const DeviceRings&) = delete;
+
+  /// Bytes of one slot (both rings).
+  uint64_t slot_bytes() const;
+
+  // ---- tx ring (the caller's threads) -------------------------------------------------------
+  /// On `stream`: waits until the server freed tx slot `slot`, copies `bytes` from `src` (device
+  /// memory of this process) into it, records the slot's ready event. Returns once enqueued: the
+  /// source must stay alive and unchanged until `stream` has passed the copy.
+  /// Throws InvalidArgument (bytes > slot_bytes, slot out of range), DeviceError.
+  void copy_in(uint32_t slot, const void* src, size_t bytes, StreamHandle stream);
+  /// The same from host memory (pageable or pinned) on the rings' own host-push stream; the
+  /// copy is complete only after sync_host_pushes().
+  void copy_in_host(uint32_t slot, const void* src, size_t bytes);
+  /// Blocks until every copy_in_host so far is done (the caller may then reuse its buffers).
+  void sync_host_pushes();
+
+  // ---- rx ring (the connection's reader thread only) --------------------------------------
+  /// Makes the rings' device current on the calling thread (the reader thread calls it before
+  /// any other rx call or DeviceHold allocation).
+  void enter_reader_thread();
+  /// The reader's own stream (non-blocking): rx copies into holding buffers run there.
+  StreamHandle reader_stream() const;
+  /// On the reader stream: waits until rx slot `slot` is ready, copies `bytes` of it to `dst`
+  /// (device memory of this process), marks the slot free. Returns once enqueued.
+  void copy_out(uint32_t slot, void* dst, size_t bytes);
+  /// The same into host memory; returns once the bytes are in `dst`.
+  void copy_out_to_host(uint32_t slot, void* dst, size_t bytes);
+  /// Marks rx slot `slot` free without reading it (a chunk this client does not keep).
+  void release(uint32_t slot);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace muon::client
