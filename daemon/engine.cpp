@@ -60,15 +60,33 @@ bool same_ranges(const std::vector<Range>& a, const std::vector<Range>& b) {
   return true;
 }
 
+// The GPU data plane when the backend is CUDA and --host-staging is off; null otherwise.
+std::unique_ptr<DevicePlane> make_device_plane(const ServerConfig& config, const Backend* backend) {
+  if (backend == nullptr || backend->name() != "cuda" || config.host_staging) return nullptr;
+  DevicePlaneConfig dc;
+  dc.device = config.cuda_device;
+  dc.priority = parse_stream_priority(config.stream_priority);
+  dc.capture_graphs = config.cuda_graphs;
+  auto plane = std::make_unique<DevicePlane>(dc);
+  log()->info("GPU data plane on device {} (streams {}, CUDA graphs {})", dc.device,
+              config.stream_priority, dc.capture_graphs ? "on" : "off");
+  return plane;
+}
+
 }  // namespace
 
 Engine::Engine(asio::io_context& io, ServerConfig config, std::unique_ptr<Backend> backend)
     : io_(io),
       config_(std::move(config)),
+      device_(make_device_plane(config_, backend.get())),
       metrics_(MUON_OFFLOAD_VERSION, backend ? std::string(backend->name()) : "none"),
-      scheduler_(std::move(backend), [this](std::vector<NsJob> jobs) {
-        asio::post(io_, [this, jobs = std::move(jobs)]() mutable { finish_jobs(std::move(jobs)); });
-      }) {
+      scheduler_(
+          std::move(backend),
+          [this](std::vector<NsJob> jobs) {
+            asio::post(io_,
+                       [this, jobs = std::move(jobs)]() mutable { finish_jobs(std::move(jobs)); });
+          },
+          device_.get()) {
   if (!config_.restore_path.empty()) {
     for (auto& e : read_snapshot(config_.restore_path)) {
       log()->info("restored momentum of '{}' (last step {}) from {}", e.name, e.last_step,
@@ -198,21 +216,47 @@ void Engine::on_hello(const SessionPtr& s, const Frame& f) {
                                    " is already connected (session " + std::to_string(other->id()) +
                                    ")");
   }
-  s->segment.emplace(transport::ShmSegment::create(config_.layout));
+  transport::HelloOk ok;
+  if (m.data_plane == transport::DataPlane::cuda_ipc) {
+    if (!device_) {
+      reply_error(s,
+                  {"unsupported",
+                   "data plane cuda_ipc needs a server on the CUDA backend with its GPU data plane "
+                   "(this one runs the " +
+                       std::string(scheduler_.backend().name()) + " backend" +
+                       (config_.host_staging ? " with --host-staging" : "") +
+                       "); connect with data plane shm",
+                   "", -1, m.rank},
+                  f.request_id);
+      return;
+    }
+    const auto& l = config_.layout;
+    auto rings = device_->make_session_rings(l.tx_slots, l.rx_slots, l.slot_bytes);
+    s->use_device_rings(
+        rings, l.rx_slots,
+        [dev = device_.get(), rings](uint32_t slot, const std::vector<std::byte>& d) {
+          dev->send_host(*rings, slot, d.data(), d.size());
+        });
+    ok.data_plane = transport::DataPlane::cuda_ipc;
+    ok.tx_ring = DevicePlane::tx_descriptor(*rings);
+    ok.rx_ring = DevicePlane::rx_descriptor(*rings);
+  } else {
+    s->segment.emplace(transport::ShmSegment::create(config_.layout));
+    ok.shm_name = s->segment->name();
+  }
   world_size_ = m.world_size;
   lost_ranks_.erase(m.rank);
   s->rank = m.rank;
   s->world_size = m.world_size;
   s->client_name = m.client;
   ranks_[m.rank] = s;
-  transport::HelloOk ok;
   ok.session = std::to_string(s->id());
   ok.server_version = "muon-offloadd " MUON_OFFLOAD_VERSION;
-  ok.shm_name = s->segment->name();
   ok.tx_slots = config_.layout.tx_slots;
   ok.rx_slots = config_.layout.rx_slots;
   ok.slot_bytes = config_.layout.slot_bytes;
-  log()->info("session {}: rank {}/{} connected ({})", s->id(), m.rank, m.world_size, m.client);
+  log()->info("session {}: rank {}/{} connected ({}, data plane {})", s->id(), m.rank, m.world_size,
+              m.client, transport::data_plane_name(ok.data_plane));
   s->send(MessageType::hello_ok, transport::encode(ok), f.request_id);
   for (auto& [name, p] : params_) {
     if (p.layout && !p.waiting.empty()) release_reregistrations(p);
@@ -290,6 +334,13 @@ void Engine::complete_registration(const std::string& name, Param& p) {
                   rs.str(), shape.str());
     }
   }
+  if (device_) {
+    const bool keeps = p.layout->spec.options.momentum.convention != MomentumConvention::none;
+    p.device = device_->make_param(shape.numel(), keeps);
+    if (keeps && p.last_step >= 0) {
+      device_->write_momentum(*p.device, 0, p.momentum.data(), shape.numel());
+    }
+  }
   log()->info("parameter '{}' {} registered by {} ranks, {} contributor(s) per element", name,
               shape.str(), p.layout->ranks.size(), p.layout->contributors);
   const transport::RegisterOk ok{name, p.layout->contributors, p.last_step};
@@ -322,6 +373,61 @@ Engine::Param& Engine::registered_param(const std::string& name, const SessionPt
   return it->second;
 }
 
+void Engine::load_momentum(const transport::Push& m, Param& p, std::span<const float> values) {
+  if (p.computing || p.reducer) {
+    throw InvalidArgument("cannot load the momentum of '" + m.name + "' while step is in progress");
+  }
+  if (p.device) device_->write_momentum(*p.device, m.offset, values.data(), m.count);
+  std::memcpy(p.momentum.data() + m.offset, values.data(), values.size_bytes());
+  p.last_step = m.step;
+}
+
+void Engine::check_gradient_step(const transport::Push& m, const Param& p) const {
+  if (p.computing) {
+    throw InvalidArgument("parameter '" + m.name + "': step " + std::to_string(m.step) +
+                          " pushed while step " + std::to_string(p.last_step + 1) +
+                          " is still being computed");
+  }
+  if (p.last_step >= 0 && m.step <= p.last_step) {
+    throw InvalidArgument("parameter '" + m.name + "': step " + std::to_string(m.step) +
+                          " was already applied (last applied step " + std::to_string(p.last_step) +
+                          ")");
+  }
+  if (p.last_step >= 0 && m.step > p.last_step + 1) {
+    throw InvalidArgument("parameter '" + m.name + "': step gap: got step " +
+                          std::to_string(m.step) + ", expected " + std::to_string(p.last_step + 1));
+  }
+  if (p.reducer && p.reducer->step() != m.step) {
+    throw InvalidArgument("parameter '" + m.name + "': step " + std::to_string(m.step) +
+                          " pushed while step " + std::to_string(p.reducer->step()) +
+                          " is being gathered");
+  }
+}
+
+void Engine::start_gathering(const SessionPtr& s, const transport::Push& m, Param& p) {
+  if (p.reducer) return;
+  // A step that needs a lost rank can never complete: say so now, not at the timeout.
+  for (const auto& [lost, what] : lost_ranks_) {
+    if (contributes(*p.layout, lost)) {
+      reply_error(s, {"peer_lost",
+                      what + "; step " + std::to_string(m.step) + " of '" + m.name +
+                          "' cannot complete until it reconnects",
+                      m.name, m.step, lost});
+      return;
+    }
+  }
+  if (p.reducer_buffers) {
+    p.reducer_buffers->restart(m.step);
+  } else {
+    p.reducer_buffers.emplace(
+        *p.layout, m.step,
+        p.device ? device_->make_contribution_store() : make_host_contribution_store());
+  }
+  p.reducer = &*p.reducer_buffers;
+  p.step_started = std::chrono::steady_clock::now();
+  arm_timer(m.name, p);
+}
+
 void Engine::on_push(const SessionPtr& s, const Frame& f) {
   auto m = transport::decode<transport::Push>(f.payload);
   if (m.slot >= config_.layout.tx_slots) {
@@ -329,11 +435,22 @@ void Engine::on_push(const SessionPtr& s, const Frame& f) {
                                    std::to_string(config_.layout.tx_slots));
   }
   // The slot is free again however this push ends: credits are never lost.
+  // A device slot is freed on the GPU too: its free event is recorded after the reads enqueued.
   struct AckOnExit {
     const SessionPtr& s;
     uint32_t slot;
-    ~AckOnExit() { s->send(MessageType::push_ack, transport::encode(transport::SlotAck{slot})); }
-  } ack{s, m.slot};
+    DevicePlane* device;
+    ~AckOnExit() {
+      if (s->device_rings) {
+        try {
+          device->end_receive(*s->device_rings, slot);
+        } catch (const std::exception& e) {
+          log()->error("session {}: freeing receive slot {}: {}", s->id(), slot, e.what());
+        }
+      }
+      s->send(MessageType::push_ack, transport::encode(transport::SlotAck{slot}));
+    }
+  } ack{s, m.slot, device_.get()};
   try {
     Param& p = registered_param(m.name, s);
     const auto& spec = p.layout->spec;
@@ -347,6 +464,26 @@ void Engine::on_push(const SessionPtr& s, const Frame& f) {
       throw InvalidArgument("push of '" + m.name + "' elements [" + std::to_string(m.offset) +
                             ", " + std::to_string(m.offset + m.count) + ") is outside its " +
                             std::to_string(spec.shape.numel()) + " elements");
+    }
+    const size_t bytes = static_cast<size_t>(m.count) * transport::dtype_bytes(dt);
+    if (s->device_rings) {  // GPU data plane: the slot is device memory of this server
+      const void* slot = device_->begin_receive(*s->device_rings, m.slot);
+      if (m.kind == transport::ChunkKind::gradient) {
+        check_gradient_step(m, p);
+        start_gathering(s, m, p);
+        if (!p.reducer) return;  // refused (a lost rank): the error went out
+        p.reducer->begin_attempt(s->rank, m.attempt);
+        p.reducer->add(s->rank, m.offset,
+                       Contribution{slot, dt == DType::bf16 ? TileDType::bf16 : TileDType::f32,
+                                    true, m.count});
+        metrics_.chunk_received(m.kind, bytes);
+        return;
+      }
+      if (widen_.size() < static_cast<size_t>(m.count)) widen_.resize(static_cast<size_t>(m.count));
+      device_->read_tx_slot(*s->device_rings, m.slot, widen_.data(), bytes);  // momentum: fp32
+      load_momentum(m, p, {widen_.data(), static_cast<size_t>(m.count)});
+      metrics_.chunk_received(m.kind, bytes);
+      return;
     }
     // fp32 is read straight from the shared-memory slot (no copy); bf16 is widened into a
     // reused scratch buffer.
@@ -364,58 +501,16 @@ void Engine::on_push(const SessionPtr& s, const Frame& f) {
       values = {widen_.data(), static_cast<size_t>(m.count)};
     }
     if (m.kind == transport::ChunkKind::momentum) {
-      if (p.computing || p.reducer) {
-        throw InvalidArgument("cannot load the momentum of '" + m.name +
-                              "' while step is in progress");
-      }
-      std::memcpy(p.momentum.data() + m.offset, values.data(), values.size_bytes());
-      p.last_step = m.step;
-      metrics_.chunk_received(m.kind, static_cast<uint64_t>(m.count) * transport::dtype_bytes(dt));
+      load_momentum(m, p, values);
+      metrics_.chunk_received(m.kind, bytes);
       return;
     }
-    if (p.computing) {
-      throw InvalidArgument("parameter '" + m.name + "': step " + std::to_string(m.step) +
-                            " pushed while step " + std::to_string(p.last_step + 1) +
-                            " is still being computed");
-    }
-    if (p.last_step >= 0 && m.step <= p.last_step) {
-      throw InvalidArgument("parameter '" + m.name + "': step " + std::to_string(m.step) +
-                            " was already applied (last applied step " +
-                            std::to_string(p.last_step) + ")");
-    }
-    if (p.last_step >= 0 && m.step > p.last_step + 1) {
-      throw InvalidArgument("parameter '" + m.name + "': step gap: got step " +
-                            std::to_string(m.step) + ", expected " +
-                            std::to_string(p.last_step + 1));
-    }
-    if (p.reducer && p.reducer->step() != m.step) {
-      throw InvalidArgument("parameter '" + m.name + "': step " + std::to_string(m.step) +
-                            " pushed while step " + std::to_string(p.reducer->step()) +
-                            " is being gathered");
-    }
-    if (!p.reducer) {
-      // A step that needs a lost rank can never complete: say so now, not at the timeout.
-      for (const auto& [lost, what] : lost_ranks_) {
-        if (contributes(*p.layout, lost)) {
-          reply_error(s, {"peer_lost",
-                          what + "; step " + std::to_string(m.step) + " of '" + m.name +
-                              "' cannot complete until it reconnects",
-                          m.name, m.step, lost});
-          return;
-        }
-      }
-      if (p.reducer_buffers) {
-        p.reducer_buffers->restart(m.step);
-      } else {
-        p.reducer_buffers.emplace(*p.layout, m.step);
-      }
-      p.reducer = &*p.reducer_buffers;
-      p.step_started = std::chrono::steady_clock::now();
-      arm_timer(m.name, p);
-    }
+    check_gradient_step(m, p);
+    start_gathering(s, m, p);
+    if (!p.reducer) return;  // refused (a lost rank): the error went out
     p.reducer->begin_attempt(s->rank, m.attempt);
     p.reducer->add(s->rank, m.offset, values);
-    metrics_.chunk_received(m.kind, static_cast<uint64_t>(m.count) * transport::dtype_bytes(dt));
+    metrics_.chunk_received(m.kind, bytes);
   } catch (const InvalidArgument& e) {
     reply_error(s, {"bad_request", e.message(), m.name, m.step, s->rank}, f.request_id);
   }
@@ -447,10 +542,15 @@ void Engine::start_compute(const std::string& name, Param& p) {
   job.step = p.reducer->step();
   job.shape = p.layout->spec.shape;
   job.options = p.layout->spec.options;
-  job.grad = std::move(p.grad);  // warm buffers, handed back in finish_jobs
-  job.update = std::move(p.update);
-  job.grad.resize(static_cast<size_t>(job.shape.numel()));
-  p.reducer->reduce(job.grad.data());
+  if (p.device) {  // GPU data plane: reduced on the receive stream, stepped on the device
+    device_->reduce(*p.reducer, *p.device);
+    job.device = p.device.get();
+  } else {
+    job.grad = std::move(p.grad);  // warm buffers, handed back in finish_jobs
+    job.update = std::move(p.update);
+    job.grad.resize(static_cast<size_t>(job.shape.numel()));
+    p.reducer->reduce(job.grad.data());
+  }
   p.reducer = nullptr;
   job.momentum =
       job.options.momentum.convention == MomentumConvention::none ? nullptr : p.momentum.data();
@@ -504,10 +604,22 @@ void Engine::finish_jobs(std::vector<NsJob> jobs) {
   }
 }
 
-void Engine::send_update(const std::string& name, Param& p, const NsJob& job) {
+void Engine::send_update(const std::string& name, Param& p, NsJob& job) {
   const DType dt = p.layout->spec.update_dtype;
   const size_t esize = transport::dtype_bytes(dt);
   const int64_t per_chunk = static_cast<int64_t>(config_.layout.slot_bytes / esize);
+  // GPU data plane: cuda_ipc sessions get device-to-device copies into their result slots; a
+  // chunk that must wait for a credit, and every chunk of a shm session, goes through host bytes
+  // read back once per step (job.update).
+  bool host_copy = !p.device;
+  const auto host_update = [&]() -> const float* {
+    if (!host_copy) {
+      job.update.resize(static_cast<size_t>(job.shape.numel()));
+      device_->read_update(*p.device, 0, job.shape.numel(), job.update.data());
+      host_copy = true;
+    }
+    return job.update.data();
+  };
   for (int r = 0; r < static_cast<int>(p.layout->ranks.size()); ++r) {
     const auto& want = p.layout->ranks[r].want;
     if (want.empty()) continue;
@@ -516,16 +628,6 @@ void Engine::send_update(const std::string& name, Param& p, const NsJob& job) {
     for (size_t w = 0; w < want.size(); ++w) {
       for (int64_t off = want[w].begin; off < want[w].end; off += per_chunk) {
         const int64_t count = std::min(per_chunk, want[w].end - off);
-        std::vector<std::byte> data(static_cast<size_t>(count) * esize);
-        const float* src = job.update.data() + off;
-        if (dt == DType::f32) {
-          std::memcpy(data.data(), src, data.size());
-        } else {
-          for (int64_t i = 0; i < count; ++i) {
-            const uint16_t h = transport::f32_to_bf16(src[i]);
-            std::memcpy(data.data() + 2 * i, &h, 2);
-          }
-        }
         transport::Update u;
         u.name = name;
         u.step = job.step;
@@ -534,11 +636,28 @@ void Engine::send_update(const std::string& name, Param& p, const NsJob& job) {
         u.kind = transport::ChunkKind::gradient;
         u.last = w + 1 == want.size() && off + count == want[w].end;
         u.applied = job.applied;
-        metrics_.chunk_returned(transport::ChunkKind::gradient, data.size());
+        const size_t bytes = static_cast<size_t>(count) * esize;
+        metrics_.chunk_returned(transport::ChunkKind::gradient, bytes);
+        if (p.device && s->device_rings && s->send_chunk_direct(u, [&](uint32_t slot) {
+              device_->send_update(*s->device_rings, slot, *p.device, off, count, dt);
+            })) {
+          continue;
+        }
+        std::vector<std::byte> data(bytes);
+        const float* src = host_update() + off;
+        if (dt == DType::f32) {
+          std::memcpy(data.data(), src, data.size());
+        } else {
+          for (int64_t i = 0; i < count; ++i) {
+            const uint16_t h = transport::f32_to_bf16(src[i]);
+            std::memcpy(data.data() + 2 * i, &h, 2);
+          }
+        }
         s->send_chunk(std::move(u), std::move(data));
       }
     }
   }
+  if (p.device) device_->updates_enqueued(*p.device);
 }
 
 // ---- failures --------------------------------------------------------------------------------
@@ -622,12 +741,20 @@ void Engine::on_closed(const SessionPtr& s, const std::string& why) {
 
 // ---- snapshots, state ------------------------------------------------------------------------
 
+const std::vector<float>& Engine::host_momentum(Param& p) {
+  if (p.device && p.layout->spec.options.momentum.convention != MomentumConvention::none) {
+    device_->read_momentum(*p.device, 0, static_cast<int64_t>(p.momentum.size()),
+                           p.momentum.data());
+  }
+  return p.momentum;
+}
+
 void Engine::write_snapshot_now(const std::string& path) {
   std::vector<SnapshotEntry> entries;
-  for (const auto& [name, p] : params_) {
+  for (auto& [name, p] : params_) {
     if (!p.layout) continue;
-    entries.push_back(
-        {name, dims_of(p.layout->spec.shape), p.last_step, p.layout->spec.options, p.momentum});
+    entries.push_back({name, dims_of(p.layout->spec.shape), p.last_step, p.layout->spec.options,
+                       host_momentum(p)});
   }
   write_snapshot(path, entries);
   last_snapshot_path_ = path;
@@ -671,12 +798,13 @@ void Engine::on_state_fetch(const SessionPtr& s, const Frame& f) {
     return;
   }
   Param& p = *pp;
+  const auto& momentum = host_momentum(p);
   const int64_t n = p.layout->spec.shape.numel();
   const int64_t per_chunk = static_cast<int64_t>(config_.layout.slot_bytes / 4);
   for (int64_t off = 0; off < n; off += per_chunk) {
     const int64_t count = std::min(per_chunk, n - off);
     std::vector<std::byte> data(static_cast<size_t>(count) * 4);
-    std::memcpy(data.data(), p.momentum.data() + off, data.size());
+    std::memcpy(data.data(), momentum.data() + off, data.size());
     transport::Update u;
     u.name = m.name;
     u.step = p.last_step;

@@ -16,9 +16,11 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "daemon/device_plane.hpp"
 #include "daemon/metrics.hpp"
 #include "daemon/registration.hpp"
 #include "daemon/scheduler.hpp"
@@ -78,6 +80,9 @@ class Engine {
     int64_t health_step = -1;             // its step
     std::optional<double> health_threshold;
     bool unhealthy = false;  // the last sample exceeded the threshold (warned once)
+    /// GPU data plane: momentum, gradient and update on the device (`momentum` above is then a
+    /// host copy, refreshed for snapshots and state fetches); null on the host path.
+    DeviceParamPtr device;
   };
 
   void on_hello(const SessionPtr& s, const transport::Frame& f);
@@ -87,6 +92,15 @@ class Engine {
   void on_snapshot(const SessionPtr& s, const transport::Frame& f);
   void on_state_fetch(const SessionPtr& s, const transport::Frame& f);
   void on_step_report(const SessionPtr& s, const transport::Frame& f);
+  /// Momentum loading (a push of kind momentum). Throws InvalidArgument while a step is open.
+  void load_momentum(const transport::Push& m, Param& p, std::span<const float> values);
+  /// Throws InvalidArgument when a gradient push of m.step does not follow the parameter's steps.
+  void check_gradient_step(const transport::Push& m, const Param& p) const;
+  /// Opens the step's reducer on its first chunk; leaves p.reducer null (after replying
+  /// peer_lost to `s`) when a contributor is lost.
+  void start_gathering(const SessionPtr& s, const transport::Push& m, Param& p);
+  /// The host copy of a parameter's momentum, refreshed from the device on the GPU data plane.
+  const std::vector<float>& host_momentum(Param& p);
   /// Counts the error in the metrics and sends it to `s`.
   void reply_error(const SessionPtr& s, const transport::ErrorMsg& error, uint32_t request_id = 0);
   void observe_health(const std::string& name, Param& p, const NsJob& job);
@@ -96,7 +110,7 @@ class Engine {
   void release_reregistrations(Param& p);
   void start_compute(const std::string& name, Param& p);
   void finish_jobs(std::vector<NsJob> jobs);
-  void send_update(const std::string& name, Param& p, const NsJob& job);
+  void send_update(const std::string& name, Param& p, NsJob& job);
   void drop_step(const std::string& name, Param& p, const transport::ErrorMsg& error,
                  int except_rank);
   void arm_timer(const std::string& name, Param& p);
@@ -108,6 +122,8 @@ class Engine {
 
   boost::asio::io_context& io_;
   ServerConfig config_;
+  /// The GPU data plane; null on the host path (CPU backend, or --host-staging).
+  std::unique_ptr<DevicePlane> device_;
   Metrics metrics_;  // before scheduler_: built from the backend's name before it moves there
   Scheduler scheduler_;
   std::map<std::string, Param> params_;

@@ -22,7 +22,7 @@ int main(int argc, char** argv) {
 
   CLI::App app{
       "muon-offloadd: a persistent Muon optimizer server (momentum + Newton-Schulz) "
-      "fed by compute ranks over shared memory"};
+      "fed by compute ranks over shared memory or, on the CUDA backend, CUDA IPC"};
   app.set_version_flag("--version", "muon-offloadd " MUON_OFFLOAD_VERSION);
   app.add_option("--socket", config.socket_path,
                  "Unix socket path (default: $MUON_OFFLOAD_SOCKET, else "
@@ -31,6 +31,20 @@ int main(int argc, char** argv) {
   app.add_option("--backend", config.backend, "cpu, cuda or auto")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
       ->capture_default_str();
+  app.add_option("--cuda-device", config.cuda_device,
+                 "CUDA device ordinal of the CUDA backend (after CUDA_VISIBLE_DEVICES)")
+      ->check(CLI::Range(0, 1024))
+      ->capture_default_str();
+  app.add_flag("--host-staging", config.host_staging,
+               "CUDA backend: keep gradients, momentum and updates in host memory (no GPU data "
+               "plane; clients must use the shm data plane)");
+  app.add_option("--stream-priority", config.stream_priority,
+                 "Priority of the GPU data plane's streams: normal, low (sharing the GPU with a "
+                 "compute rank) or high")
+      ->check(CLI::IsMember({"normal", "low", "high"}))
+      ->capture_default_str();
+  app.add_flag("--cuda-graphs", config.cuda_graphs,
+               "Capture each shape's Newton-Schulz sequence as a CUDA graph, then replay it");
   app.add_option("--threads", config.cpu_threads,
                  "OpenBLAS threads of the CPU backend (0: default)")
       ->check(CLI::Range(0, 4096));

@@ -73,8 +73,8 @@ bool same_options(const MuonOptions& a, const MuonOptions& b) {
 }
 
 Scheduler::Scheduler(std::unique_ptr<Backend> backend,
-                     std::function<void(std::vector<NsJob>)> on_done)
-    : backend_(std::move(backend)), on_done_(std::move(on_done)) {
+                     std::function<void(std::vector<NsJob>)> on_done, DevicePlane* device_plane)
+    : backend_(std::move(backend)), device_plane_(device_plane), on_done_(std::move(on_done)) {
   if (!backend_) throw InvalidArgument("scheduler: backend is null");
   if (!on_done_) throw InvalidArgument("scheduler: on_done is empty");
   worker_ = std::thread([this] { run(); });
@@ -190,6 +190,17 @@ void Scheduler::sample_health(NsJob& job) {
 }
 
 void Scheduler::run_batch(std::vector<NsJob>& jobs) {
+  if (!jobs.empty() && jobs.front().device != nullptr) {  // GPU data plane: each on the device
+    for (auto& job : jobs) {
+      if (device_plane_ == nullptr) {
+        fail(job, "backend", "parameter '" + job.name + "': device job on a host scheduler");
+        continue;
+      }
+      guarded(job, [&] { device_plane_->run(job); });
+      sample_health(job);
+    }
+    return;
+  }
   // Jobs that cannot share one backend call run alone: a wrong gradient size or missing momentum
   // (refused alone, without touching other buffers) and a non-finite gradient (its error or skip
   // must not spread to the others: under the skip policy a batched call would zero every update).

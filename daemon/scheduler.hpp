@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "daemon/device_plane.hpp"
 #include "daemon/numeric_health.hpp"
 #include "kernels/backend.hpp"
 
@@ -35,6 +36,9 @@ struct NsJob {
   std::string error_code;      ///< out: "non_finite", "bad_request", "backend"
   bool sample_health = false;  ///< in: measure the update's numeric health (numeric_health.hpp)
   std::optional<NumericHealth> health;  ///< out: set when sampled and the step was applied
+  /// GPU data plane: the parameter's device buffers (grad, momentum and update live there; the
+  /// host vectors above stay empty, except `update` when health is sampled). Null: host job.
+  DeviceParamState* device = nullptr;
   /// out: seconds of the backend call (momentum + Newton-Schulz + scale) spent on this job; a
   /// batched call is shared among its jobs in proportion to their elements.
   double compute_seconds = 0.0;
@@ -45,7 +49,10 @@ class Scheduler {
  public:
   /// `on_done` is called on the worker thread with each finished batch of jobs (a batch holds
   /// jobs of equal shape and options that were ready together).
-  Scheduler(std::unique_ptr<Backend> backend, std::function<void(std::vector<NsJob>)> on_done);
+  /// Jobs with `device` set run on `device_plane` (must then be non-null and outlive the
+  /// scheduler), one at a time.
+  Scheduler(std::unique_ptr<Backend> backend, std::function<void(std::vector<NsJob>)> on_done,
+            DevicePlane* device_plane = nullptr);
   ~Scheduler();  ///< stops after the jobs already submitted
 
   /// Queues a job (thread-safe).
@@ -62,6 +69,7 @@ class Scheduler {
   void run_one(NsJob& job);
   void sample_health(NsJob& job);  // fills job.health when asked for and applied
   std::unique_ptr<Backend> backend_;
+  DevicePlane* device_plane_ = nullptr;
   std::function<void(std::vector<NsJob>)> on_done_;
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -33,6 +33,7 @@ Server::Server(ServerConfig config)
       accept_retry_(io_) {
   BackendConfig bc;
   bc.cpu_threads = config_.cpu_threads;
+  bc.cuda_device = config_.cuda_device;
   auto backend = make_backend(config_.backend, bc);
   log()->info("backend: {}", backend->name());
   engine_ = std::make_unique<Engine>(io_, config_, std::move(backend));

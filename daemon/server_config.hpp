@@ -18,6 +18,17 @@ struct ServerConfig {
   std::string backend = "cpu";
   /// OpenBLAS threads for the CPU backend (0: OpenBLAS' own setting).
   int cpu_threads = 0;
+  /// CUDA device ordinal of the CUDA backend and the GPU data plane (after CUDA_VISIBLE_DEVICES).
+  int cuda_device = 0;
+  /// On the CUDA backend: keep gradients, momentum and updates in host memory and call the CUDA
+  /// backend's host API per step (no GPU data plane, no cuda_ipc sessions). Default: the GPU
+  /// data plane (daemon/device_plane.hpp).
+  bool host_staging = false;
+  /// Priority of the GPU data plane's streams: "normal", "low" (a server sharing its GPU with a
+  /// compute rank) or "high" (kernels/device_stream.hpp).
+  std::string stream_priority = "normal";
+  /// Capture each shape's Newton-Schulz sequence as a CUDA graph once, then replay it.
+  bool cuda_graphs = false;
   /// Shared-memory rings of each session.
   transport::SegmentLayout layout;
   /// A step must be committed by every contributor within this time after its first chunk;

@@ -79,17 +79,48 @@ void Session::send_chunk(transport::Update msg, std::vector<std::byte> data) {
   flush_chunks();
 }
 
+void Session::use_device_rings(DeviceRingsPtr rings, uint32_t rx_slots, RxWriter writer) {
+  device_rings = std::move(rings);
+  device_rx_slots_ = rx_slots;
+  rx_writer_ = std::move(writer);
+}
+
+std::optional<uint32_t> Session::free_rx_slot() {
+  if (rx_busy_.empty()) {
+    rx_busy_.assign(segment ? segment->layout().rx_slots : device_rx_slots_, false);
+  }
+  for (uint32_t slot = 0; slot < rx_busy_.size(); ++slot) {
+    if (!rx_busy_[slot]) return slot;
+  }
+  return std::nullopt;  // no credit: wait for an update_ack
+}
+
+bool Session::send_chunk_direct(transport::Update msg,
+                                const std::function<void(uint32_t slot)>& write) {
+  if (closed_) return true;
+  if (!pending_.empty()) return false;  // chunks go out in order
+  const auto slot = free_rx_slot();
+  if (!slot) return false;
+  write(*slot);
+  rx_busy_[*slot] = true;
+  msg.slot = *slot;
+  send(MessageType::update, transport::encode(msg));
+  return true;
+}
+
 void Session::flush_chunks() {
-  if (!segment) return;
-  if (rx_busy_.empty()) rx_busy_.assign(segment->layout().rx_slots, false);
+  if (!segment && !rx_writer_) return;
   while (!pending_.empty()) {
-    uint32_t slot = 0;
-    while (slot < rx_busy_.size() && rx_busy_[slot]) ++slot;
-    if (slot == rx_busy_.size()) return;  // no credit: wait for an update_ack
+    const auto slot = free_rx_slot();
+    if (!slot) return;
     auto& [msg, data] = pending_.front();
-    std::memcpy(segment->rx_slot(slot), data.data(), data.size());
-    rx_busy_[slot] = true;
-    msg.slot = slot;
+    if (rx_writer_) {
+      rx_writer_(*slot, data);
+    } else {
+      std::memcpy(segment->rx_slot(*slot), data.data(), data.size());
+    }
+    rx_busy_[*slot] = true;
+    msg.slot = *slot;
     send(MessageType::update, transport::encode(msg));
     pending_.pop_front();
   }
@@ -122,6 +153,8 @@ void Session::finish(const std::string& why) {
   if (segment) transport::ShmSegment::remove(segment->name());  // in case the client never mapped
   on_close_(shared_from_this(), why);
   segment.reset();  // unmap: the kernel frees the pages once the client unmapped too
+  rx_writer_ = nullptr;
+  device_rings.reset();  // device rings: freed (cudaFree waits for the work queued on them)
 }
 
 }  // namespace muon::daemon

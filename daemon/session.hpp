@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/device_plane.hpp"
 #include "transport/frame.hpp"
 #include "transport/messages.hpp"
 #include "transport/shm_segment.hpp"
@@ -38,6 +39,17 @@ class Session : public std::enable_shared_from_this<Session> {
   /// Queues an update chunk: copied into a free rx slot and announced with an `update` frame as
   /// soon as a slot is free (credit-based flow control). `data` holds msg.count elements.
   void send_chunk(transport::Update msg, std::vector<std::byte> data);
+  /// Writes an update chunk straight into a free rx slot with `write(slot)` (the GPU data plane's
+  /// device-to-device copy) and announces it, when a slot is free and no chunk is waiting;
+  /// returns false otherwise (send the chunk's bytes with send_chunk then). True also when the
+  /// session is closed (the chunk is dropped, as send_chunk drops it).
+  bool send_chunk_direct(transport::Update msg, const std::function<void(uint32_t slot)>& write);
+  /// Writes the bytes of chunks that waited for a credit into an rx slot (set for sessions whose
+  /// rings are not host shared memory).
+  using RxWriter = std::function<void(uint32_t slot, const std::vector<std::byte>& data)>;
+  /// Makes this a GPU data plane session: its rings are `rings` (rx_slots result slots), chunks
+  /// queued by send_chunk are written with `writer`.
+  void use_device_rings(DeviceRingsPtr rings, uint32_t rx_slots, RxWriter writer);
   /// A client returned rx slot `slot` (update_ack). Throws ProtocolError for a slot not in use.
   void release_rx_slot(uint32_t slot);
   /// Closes the connection after flushing queued frames; the close handler runs once.
@@ -50,6 +62,8 @@ class Session : public std::enable_shared_from_this<Session> {
   int world_size = 0;
   std::string client_name;
   std::optional<transport::ShmSegment> segment;
+  /// The session's exported device rings (cuda_ipc data plane); null for shm sessions.
+  DeviceRingsPtr device_rings;
   /// Chunks waiting for an rx slot.
   size_t pending_chunks() const { return pending_.size(); }
 
@@ -57,6 +71,8 @@ class Session : public std::enable_shared_from_this<Session> {
   void read_more();
   void write_next();
   void flush_chunks();
+  /// A free rx slot, or nullopt (sizes rx_busy_ on first use).
+  std::optional<uint32_t> free_rx_slot();
   void finish(const std::string& why);
 
   Socket socket_;
@@ -71,6 +87,8 @@ class Session : public std::enable_shared_from_this<Session> {
   bool closed_ = false;
   std::string close_reason_;
   std::vector<bool> rx_busy_;
+  uint32_t device_rx_slots_ = 0;
+  RxWriter rx_writer_;
   std::deque<std::pair<transport::Update, std::vector<std::byte>>> pending_;
 };
 

@@ -8,20 +8,16 @@
 namespace muon::daemon {
 namespace {
 
-// dst[i] += src[i]; the buffers never overlap, which lets the compiler vectorize (elementwise
-// adds: same bits as the scalar loop).
-void add_into(float* __restrict dst, const float* __restrict src, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
-}
-
 std::string range_str(int64_t begin, int64_t end) {
   return "[" + std::to_string(begin) + ", " + std::to_string(end) + ")";
 }
 
 }  // namespace
 
-StepReducer::StepReducer(const ParameterLayout& layout, int64_t step)
-    : layout_(layout), step_(step), ranks_(layout.ranks.size()) {
+StepReducer::StepReducer(const ParameterLayout& layout, int64_t step,
+                         std::unique_ptr<ContributionStore> store)
+    : layout_(layout), step_(step), ranks_(layout.ranks.size()), store_(std::move(store)) {
+  if (!store_) throw InvalidArgument("StepReducer: null contribution store");
   for (size_t r = 0; r < ranks_.size(); ++r) {
     auto& st = ranks_[r];
     for (const auto& g : layout.ranks[r].push) {
@@ -62,7 +58,7 @@ std::string StepReducer::who(int rank) const {
          std::to_string(rank);
 }
 
-void StepReducer::add(int rank, int64_t offset, std::span<const float> values) {
+void StepReducer::add(int rank, int64_t offset, const Contribution& values) {
   if (rank < 0 || rank >= static_cast<int>(ranks_.size())) {
     throw InvalidArgument(who(rank) + ": rank outside [0, " + std::to_string(ranks_.size()) + ")");
   }
@@ -70,7 +66,8 @@ void StepReducer::add(int rank, int64_t offset, std::span<const float> values) {
   const auto& push = layout_.ranks[static_cast<size_t>(rank)].push;
   if (st.packed_size == 0) throw InvalidArgument(who(rank) + ": this rank pushes nothing");
   if (st.committed) throw InvalidArgument(who(rank) + ": already committed this step");
-  const auto n = static_cast<int64_t>(values.size());
+  const int64_t n = values.count;
+  if (n < 0) throw InvalidArgument(who(rank) + ": negative element count");
   if (n == 0) return;
   // The push range holding `offset`: the last one with begin <= offset.
   auto it = std::upper_bound(push.begin(), push.end(), offset,
@@ -84,26 +81,26 @@ void StepReducer::add(int rank, int64_t offset, std::span<const float> values) {
   // Elements this rank already pushed in this step accumulate (gradient accumulation, in push
   // order); the others are written as they come: bitwise -0 + v == v, without a fill pass over
   // the buffer. `pushed` is the rank's coverage: sorted, disjoint, merged.
-  if (st.values.size() != static_cast<size_t>(st.packed_size)) {
-    st.values.resize(static_cast<size_t>(st.packed_size));  // once: kept across steps
+  if (!st.sized) {  // once: kept across steps
+    store_->resize(static_cast<size_t>(rank), st.packed_size);
+    st.sized = true;
   }
-  float* base = st.values.data() + st.packed_begin[index] + (offset - it->begin);
+  const int64_t base = st.packed_begin[index] + (offset - it->begin);  // offset's packed index
+  const auto r = static_cast<size_t>(rank);
   const int64_t end = offset + n;
   auto cov = std::lower_bound(st.pushed.begin(), st.pushed.end(), offset,
-                              [](const Range& r, int64_t pos) { return r.end <= pos; });
+                              [](const Range& c, int64_t pos) { return c.end <= pos; });
   for (int64_t pos = offset; pos < end;) {
     if (cov == st.pushed.end() || cov->begin >= end) {
-      std::memcpy(base + (pos - offset), values.data() + (pos - offset),
-                  static_cast<size_t>(end - pos) * sizeof(float));
+      store_->write(r, base + (pos - offset), values, pos - offset, end - pos, false);
       break;
     }
     if (cov->begin > pos) {
-      std::memcpy(base + (pos - offset), values.data() + (pos - offset),
-                  static_cast<size_t>(cov->begin - pos) * sizeof(float));
+      store_->write(r, base + (pos - offset), values, pos - offset, cov->begin - pos, false);
       pos = cov->begin;
     }
     const int64_t stop = std::min(end, cov->end);
-    add_into(base + (pos - offset), values.data() + (pos - offset), stop - pos);
+    store_->write(r, base + (pos - offset), values, pos - offset, stop - pos, true);
     pos = stop;
     ++cov;
   }
@@ -161,7 +158,7 @@ std::vector<int> StepReducer::missing_ranks() const {
   return out;
 }
 
-void StepReducer::reduce(float* grad) const {
+void StepReducer::reduce(float* grad) {
   if (!complete()) {
     std::string list;
     for (int r : missing_ranks()) list += (list.empty() ? "" : ", ") + std::to_string(r);
@@ -174,20 +171,16 @@ void StepReducer::reduce(float* grad) const {
     for (size_t r = 0; r < ranks_.size(); ++r) {
       const auto& push = layout_.ranks[r].push;
       for (size_t i = 0; i < push.size(); ++i) {
-        std::memcpy(grad + push[i].begin, ranks_[r].values.data() + ranks_[r].packed_begin[i],
-                    static_cast<size_t>(push[i].size()) * sizeof(float));
+        store_->read(r, ranks_[r].packed_begin[i], grad + push[i].begin, push[i].size(), false);
       }
     }
     return;
   }
-  std::fill(grad, grad + layout_.spec.shape.numel(), -0.0f);
+  store_->fill_negative_zero(grad, layout_.spec.shape.numel());
   for (size_t r = 0; r < ranks_.size(); ++r) {
-    const auto& st = ranks_[r];
     const auto& push = layout_.ranks[r].push;
     for (size_t i = 0; i < push.size(); ++i) {
-      const float* src = st.values.data() + st.packed_begin[i];
-      float* dst = grad + push[i].begin;
-      add_into(dst, src, push[i].size());
+      store_->read(r, ranks_[r].packed_begin[i], grad + push[i].begin, push[i].size(), true);
     }
   }
 }

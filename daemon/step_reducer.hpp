@@ -6,18 +6,23 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "daemon/contribution_store.hpp"
 #include "daemon/parameter.hpp"
 
 namespace muon::daemon {
 
 class StepReducer {
  public:
-  /// `layout` must outlive the reducer.
-  StepReducer(const ParameterLayout& layout, int64_t step);
+  /// `layout` must outlive the reducer. `store` holds the ranks' buffers: host memory by default,
+  /// device memory for a server on the GPU data plane (then add() takes device contributions and
+  /// reduce() writes a device pointer).
+  StepReducer(const ParameterLayout& layout, int64_t step,
+              std::unique_ptr<ContributionStore> store = make_host_contribution_store());
 
   int64_t step() const { return step_; }
 
@@ -28,7 +33,12 @@ class StepReducer {
   /// Adds `values` (fp32) to rank `rank`'s contribution at elements [offset, offset + size).
   /// Throws InvalidArgument naming the parameter, step and rank when the rank pushes nothing,
   /// has already committed this step, or the range is not inside one of its push ranges.
-  void add(int rank, int64_t offset, std::span<const float> values);
+  void add(int rank, int64_t offset, const Contribution& values);
+  /// add() of host fp32 values.
+  void add(int rank, int64_t offset, std::span<const float> values) {
+    add(rank, offset,
+        Contribution{values.data(), TileDType::f32, false, static_cast<int64_t>(values.size())});
+  }
 
   /// Declares which try of this step the rank's next push or commit belongs to
   /// (transport::Push::attempt). A higher attempt than the rank's current one discards what the
@@ -47,15 +57,16 @@ class StepReducer {
   /// Contributing ranks that have not committed yet, ascending.
   std::vector<int> missing_ranks() const;
 
-  /// The reduced gradient, numel fp32 values: for every element the sum of its contributors'
-  /// values in ascending rank order. Requires complete(); throws Error otherwise.
-  void reduce(float* grad) const;
+  /// The reduced gradient, numel fp32 values (in the store's memory): for every element the sum of
+  /// its contributors' values in ascending rank order. Requires complete(); throws Error
+  /// otherwise.
+  void reduce(float* grad);
 
  private:
   const ParameterLayout& layout_;
   int64_t step_;
   struct RankState {
-    std::vector<float> values;  // packed over the rank's push ranges, in range order
+    bool sized = false;         // the store holds the rank's packed buffer (range order)
     std::vector<Range> pushed;  // coverage this step: sorted, disjoint, merged element ranges
     bool committed = false;
     uint32_t attempt = 0;               // the rank's current try of this step
@@ -64,6 +75,7 @@ class StepReducer {
   };
   std::string who(int rank) const;  // "parameter 'w' step 3 rank 1"
   std::vector<RankState> ranks_;
+  std::unique_ptr<ContributionStore> store_;
 };
 
 }  // namespace muon::daemon

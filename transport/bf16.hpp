@@ -5,16 +5,24 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/elementwise.hpp"  // MUON_HD
+
 namespace muon::transport {
 
-inline uint16_t f32_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
+/// The bf16 bits of the float with bits `u`, rounded to nearest even; NaN -> quiet NaN. Shared by
+/// the host (f32_to_bf16) and the server's device narrowing (kernels/device_convert.cu).
+MUON_HD uint16_t bf16_bits_from_f32_bits(uint32_t u) {
   if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) {
     return static_cast<uint16_t>((u >> 16) | 0x0040u);  // quiet NaN, sign kept
   }
   const uint32_t rounding = 0x7fffu + ((u >> 16) & 1u);
   return static_cast<uint16_t>((u + rounding) >> 16);
+}
+
+inline uint16_t f32_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return bf16_bits_from_f32_bits(u);
 }
 
 inline float bf16_to_f32(uint16_t h) {

@@ -221,7 +221,9 @@ DType parse_dtype(const std::string& name) {
   throw InvalidArgument("unknown dtype '" + name + "' (known: f32, bf16)");
 }
 
-const char* data_plane_name(DataPlane d) { return d == DataPlane::cuda_ipc ? "cuda_ipc" : "shm"; }
+const char* data_plane_name(DataPlane d) {
+  return d == DataPlane::cuda_ipc ? "cuda_ipc" : "shm";
+}
 
 DataPlane parse_data_plane(const std::string& name) {
   if (name == "shm") return DataPlane::shm;

@@ -25,6 +25,7 @@
 #include "daemon/scheduler.hpp"
 #include "daemon/snapshot.hpp"
 #include "daemon/step_reducer.hpp"
+#include "transport/bf16.hpp"
 #include "transport/messages.hpp"
 
 using namespace muon;
@@ -482,6 +483,52 @@ TEST(StepReducer, BitwiseSameForAnyChunkingAndArrivalOrder) {
       }
     }
   }
+}
+
+TEST(StepReducer, Bf16ContributionsAreWidenedExactlyAndAccumulate) {
+  // One rank pushes bf16 twice over overlapping elements; another pushes fp32. The bf16 values
+  // enter as their exact fp32 widening: the result equals the same pushes made in fp32.
+  const auto layout = layout_of(make_spec("w", {1, 2, 5}), {{{0, 10}}, {{0, 10}}});
+  const auto a = random_values(10, 11, true), b = random_values(6, 12, true);
+  const auto c = random_values(10, 13, true);
+  std::vector<uint16_t> a16(10), b16(6);
+  std::vector<float> a_wide(10), b_wide(6);
+  for (size_t i = 0; i < 10; ++i) {
+    a16[i] = transport::f32_to_bf16(a[i]);
+    a_wide[i] = transport::bf16_to_f32(a16[i]);
+  }
+  for (size_t i = 0; i < 6; ++i) {
+    b16[i] = transport::f32_to_bf16(b[i]);
+    b_wide[i] = transport::bf16_to_f32(b16[i]);
+  }
+  StepReducer bf(layout, 0), wide(layout, 0);
+  bf.add(1, 0, c);
+  bf.add(0, 0, Contribution{a16.data(), TileDType::bf16, false, 10});
+  bf.add(0, 3, Contribution{b16.data(), TileDType::bf16, false, 6});
+  wide.add(1, 0, c);
+  wide.add(0, 0, a_wide);
+  wide.add(0, 3, b_wide);
+  for (auto* red : {&bf, &wide}) {
+    red->commit(0);
+    red->commit(1);
+  }
+  std::vector<float> got(10), expected(10);
+  bf.reduce(got.data());
+  wide.reduce(expected.data());
+  EXPECT_TRUE(bitwise_equal(got, expected));
+  const float e3 = (a_wide[3] + b_wide[0]) + c[3];  // accumulated in push order, then rank 1
+  EXPECT_EQ(std::memcmp(&got[3], &e3, sizeof(float)), 0);
+}
+
+TEST(StepReducer, HostStoreRefusesDeviceContributions) {
+  const auto layout = layout_of(make_spec("w", {1, 1, 4}), {{{0, 4}}});
+  StepReducer red(layout, 0);
+  const std::vector<float> v(4, 1.0f);
+  expect_throw_with<InvalidArgument>(
+      [&] {
+        red.add(0, 0, Contribution{v.data(), TileDType::f32, true, 4});
+      },
+      {"cannot read device memory"});
 }
 
 TEST(StepReducer, ErrorsNameParameterStepAndRank) {

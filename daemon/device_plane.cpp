@@ -1,0 +1,336 @@
+// The server's GPU data plane (see device_plane.hpp). Built only with CUDA.
+#include "daemon/device_plane.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/cuda_check.hpp"
+#include "core/error.hpp"
+#include "daemon/scheduler.hpp"
+#include "daemon/step_reducer.hpp"
+#include "kernels/device_buffer.hpp"
+#include "kernels/device_convert.hpp"
+#include "kernels/device_muon.hpp"
+#include "kernels/device_probe.hpp"
+#include "kernels/tile_reduce.hpp"
+#include "transport/cuda_ipc.hpp"
+
+namespace muon::daemon {
+namespace {
+
+cudaEvent_t make_event() {
+  cudaEvent_t e = nullptr;
+  MUON_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  return e;
+}
+
+// A stream waiting on an event that was never recorded does not wait: the first step of a
+// parameter waits for nothing it has not produced.
+struct OwnedEvent {
+  cudaEvent_t e = make_event();
+  OwnedEvent() = default;
+  OwnedEvent(const OwnedEvent&) = delete;
+  OwnedEvent& operator=(const OwnedEvent&) = delete;
+  ~OwnedEvent() { MUON_CUDA_CHECK_NOTHROW(cudaEventDestroy(e)); }
+};
+
+size_t f32_bytes(int64_t n) {
+  return static_cast<size_t>(n) * sizeof(float);
+}
+
+}  // namespace
+
+class DeviceParamState {
+ public:
+  int64_t numel = 0;
+  bool has_momentum = false;
+  DeviceBuffer grad, momentum, update, backup, status;
+  OwnedEvent grad_ready, released;
+};
+
+class DeviceSessionRings {
+ public:
+  DeviceSessionRings(uint32_t tx_slots, uint32_t rx_slots, uint64_t slot_bytes)
+      : tx(tx_slots, slot_bytes), rx(rx_slots, slot_bytes) {}
+  transport::DeviceRing tx, rx;
+};
+
+void DeviceParamStateDeleter::operator()(DeviceParamState* p) const noexcept {
+  delete p;
+}
+void DeviceSessionRingsDeleter::operator()(DeviceSessionRings* p) const noexcept {
+  delete p;
+}
+
+struct DevicePlane::Impl {
+  explicit Impl(const DevicePlaneConfig& c)
+      : receive(c.priority),
+        compute(c.priority),
+        ret(c.priority),
+        muon(DeviceMuonConfig{c.device, c.capture_graphs}) {}
+  DeviceStream receive, compute, ret;
+  DeviceMuon muon;  // the worker thread's only
+};
+
+namespace {
+
+// Per-rank device buffers of one parameter; every move on the receive stream.
+class DeviceContributionStore final : public ContributionStore {
+ public:
+  DeviceContributionStore(int device, StreamHandle stream) : device_(device), stream_(stream) {}
+
+  void resize(size_t rank, int64_t elements) override {
+    MUON_CUDA_CHECK(cudaSetDevice(device_));
+    if (buffers_.size() <= rank) buffers_.resize(rank + 1);
+    buffers_[rank].reserve(f32_bytes(elements));
+  }
+
+  void write(size_t rank, int64_t at, const Contribution& values, int64_t first, int64_t n,
+             bool add) override {
+    if (n == 0) return;
+    const size_t esize = values.dtype == TileDType::bf16 ? 2 : 4;
+    const auto* src = static_cast<const std::byte*>(values.data) + esize * first;
+    if (!values.device) {  // a shared-memory slot: staged (the copy is done when this returns)
+      staging_.reserve(esize * static_cast<size_t>(n));
+      MUON_CUDA_CHECK(cudaMemcpyAsync(staging_.get(), src, esize * static_cast<size_t>(n),
+                                      cudaMemcpyHostToDevice, stream_));
+      src = staging_.as<std::byte>();
+    }
+    const TileSource source{src, values.dtype};
+    reduce_tiles({&source, 1}, buffers_[rank].as<float>() + at, n,
+                 add ? TileReduce::accumulate : TileReduce::assign, stream_);
+    if (!values.device) MUON_CUDA_CHECK(cudaStreamSynchronize(stream_));  // staging reused next
+  }
+
+  void fill_negative_zero(float* out, int64_t n) override { fill_device(out, n, -0.0f, stream_); }
+
+  void read(size_t rank, int64_t at, float* out, int64_t n, bool add) override {
+    if (n == 0) return;
+    const TileSource source{buffers_[rank].as<float>() + at, TileDType::f32};
+    reduce_tiles({&source, 1}, out, n, add ? TileReduce::accumulate : TileReduce::assign, stream_);
+  }
+
+ private:
+  int device_;
+  StreamHandle stream_;
+  std::vector<DeviceBuffer> buffers_;
+  DeviceBuffer staging_;
+};
+
+}  // namespace
+
+DevicePlane::DevicePlane(const DevicePlaneConfig& config) : config_(config) {
+  if (auto why = cuda_unavailable_reason(config.device + 1); !why.empty()) {
+    throw BackendUnavailable("GPU data plane: " + why);
+  }
+  MUON_CUDA_CHECK(cudaSetDevice(config.device));
+  impl_ = std::make_unique<Impl>(config);
+}
+
+DevicePlane::~DevicePlane() {
+  if (impl_) {
+    MUON_CUDA_CHECK_NOTHROW(cudaSetDevice(config_.device));
+    MUON_CUDA_CHECK_NOTHROW(cudaDeviceSynchronize());  // nothing queued may outlive its buffers
+  }
+}
+
+DeviceParamPtr DevicePlane::make_param(int64_t numel, bool momentum) {
+  MUON_CUDA_CHECK(cudaSetDevice(config_.device));
+  DeviceParamPtr p(new DeviceParamState);
+  p->numel = numel;
+  p->has_momentum = momentum;
+  p->grad.reserve(f32_bytes(numel));
+  p->update.reserve(f32_bytes(numel));
+  p->status.reserve(sizeof(int));
+  MUON_CUDA_CHECK(cudaMemset(p->update.get(), 0, f32_bytes(numel)));
+  if (momentum) {
+    p->momentum.reserve(f32_bytes(numel));
+    p->backup.reserve(f32_bytes(numel));
+    MUON_CUDA_CHECK(cudaMemset(p->momentum.get(), 0, f32_bytes(numel)));
+  }
+  return p;
+}
+
+std::unique_ptr<ContributionStore> DevicePlane::make_contribution_store() {
+  return std::make_unique<DeviceContributionStore>(config_.device, impl_->receive.get());
+}
+
+void DevicePlane::reduce(StepReducer& reducer, DeviceParamState& param) {
+  MUON_CUDA_CHECK(cudaSetDevice(config_.device));
+  reducer.reduce(param.grad.as<float>());
+  MUON_CUDA_CHECK(cudaEventRecord(param.grad_ready.e, impl_->receive.get()));
+}
+
+void DevicePlane::read_momentum(const DeviceParamState& param, int64_t offset, int64_t count,
+                                float* out) {
+  if (!param.has_momentum) throw InvalidArgument("this parameter keeps no momentum");
+  MUON_CUDA_CHECK(cudaSetDevice(config_.device));
+  MUON_CUDA_CHECK(cudaMemcpyAsync(out, param.momentum.as<float>() + offset, f32_bytes(count),
+                                  cudaMemcpyDeviceToHost, impl_->receive.get()));
+  impl_->receive.synchronize();
+}
+
+void DevicePlane::write_momentum(DeviceParamState& param, int64_t offset, const float* in,
+                                 int64_t count) {
+  if (!param.has_momentum) throw InvalidArgument("this parameter keeps no momentum");
+  MUON_CUDA_CHECK(cudaSetDevice(config_.device));
+  MUON_CUDA_CHECK(cudaMemcpyAsync(param.momentum.as<float>() + offset, in, f32_bytes(count),
+                                  cudaMemcpyHostToDevice, impl_->receive.get()));
+  impl_->receive.synchronize();
+}
+
+void DevicePlane::read_update(const DeviceParamState& param, int64_t offset, int64_t count,
+                              float* out) {
+  MUON_CUDA_CHECK(cudaSetDevice(config_.device));
+  MUON_CUDA_CHECK(cudaMemcpyAsync(out, param.update.as<float>() + offset, f32_bytes(count),
+                                  cudaMemcpyDeviceToHost, impl_->ret.get()));
+  impl_->ret.synchronize();
+}
+
+void DevicePlane::run(NsJob& job) {
+  auto& st = *job.device;
+  const auto stream = impl_->compute.get();
+  const int64_t n = job.shape.numel();
+  const bool keep = job.options.momentum.convention != MomentumConvention::none;
+  job.error.clear();
+  job.error_code.clear();
+  job.applied = false;
+  const auto refuse = [&](std::string code, std::string message) {
+    job.error_code = std::move(code);
+    job.error = std::move(message);
+  };
+  const std::string who = "parameter '" + job.name + "' step " + std::to_string(job.step);
+  if (n != st.numel || (keep && !st.has_momentum)) {
+    refuse("bad_request", who + ": device buffers do not match shape " + job.shape.str());
+    return;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  int status = 0;
+  try {
+    MUON_CUDA_CHECK(cudaSetDevice(config_.device));
+    MUON_CUDA_CHECK(cudaStreamWaitEvent(stream, st.grad_ready.e, 0));
+    MUON_CUDA_CHECK(cudaStreamWaitEvent(stream, st.released.e, 0));
+    if (keep) {
+      MUON_CUDA_CHECK(cudaMemcpyAsync(st.backup.get(), st.momentum.get(), f32_bytes(n),
+                                      cudaMemcpyDeviceToDevice, stream));
+    }
+    MUON_CUDA_CHECK(cudaMemsetAsync(st.status.get(), 0, sizeof(int), stream));
+    impl_->muon.step(job.name, job.shape, st.grad.as<float>(),
+                     keep ? st.momentum.as<float>() : nullptr, st.update.as<float>(), job.options,
+                     stream, st.status.as<int>());
+    MUON_CUDA_CHECK(
+        cudaMemcpyAsync(&status, st.status.get(), sizeof(int), cudaMemcpyDeviceToHost, stream));
+    impl_->compute.synchronize();
+  } catch (const InvalidArgument& e) {  // validated before anything was enqueued
+    refuse("bad_request", e.what());
+    return;
+  } catch (const std::exception& e) {
+    refuse("backend", who + ": " + e.what());
+    if (keep) {  // a failed launch may have stepped the momentum: put it back
+      cudaMemcpyAsync(st.momentum.get(), st.backup.get(), f32_bytes(n), cudaMemcpyDeviceToDevice,
+                      stream);
+      cudaStreamSynchronize(stream);
+    }
+    return;
+  }
+  job.compute_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (status & kDeviceInputNonFinite) {  // momentum untouched, update zero (device_muon.hpp)
+    if (job.options.orthogonalize.nonfinite == NonFinitePolicy::skip) return;  // applied = false
+    refuse("non_finite", "matrix '" + job.name + "' " + job.shape.str() +
+                             ": input holds NaN or Inf; step refused");
+    return;
+  }
+  if (status & kDeviceOutputNonFinite) {
+    if (keep) {
+      MUON_CUDA_CHECK(cudaMemcpyAsync(st.momentum.get(), st.backup.get(), f32_bytes(n),
+                                      cudaMemcpyDeviceToDevice, stream));
+      impl_->compute.synchronize();
+    }
+    refuse("backend", who +
+                          ": Newton-Schulz produced NaN or Inf from a finite input (bf16 "
+                          "overflow?); step refused, momentum untouched");
+    return;
+  }
+  job.applied = true;
+  if (job.sample_health) {
+    job.update.resize(static_cast<size_t>(n));
+    MUON_CUDA_CHECK(cudaMemcpyAsync(job.update.data(), st.update.get(), f32_bytes(n),
+                                    cudaMemcpyDeviceToHost, stream));
+    impl_->compute.synchronize();
+  }
+}
+
+DeviceRingsPtr DevicePlane::make_session_rings(uint32_t tx_slots, uint32_t rx_slots,
+                                               uint64_t slot_bytes) {
+  MUON_CUDA_CHECK(cudaSetDevice(config_.device));
+  return DeviceRingsPtr(new DeviceSessionRings(tx_slots, rx_slots, slot_bytes),
+                        DeviceSessionRingsDeleter{});
+}
+
+const transport::DeviceRingDescriptor& DevicePlane::tx_descriptor(const DeviceSessionRings& r) {
+  return r.tx.descriptor();
+}
+const transport::DeviceRingDescriptor& DevicePlane::rx_descriptor(const DeviceSessionRings& r) {
+  return r.rx.descriptor();
+}
+
+const void* DevicePlane::begin_receive(DeviceSessionRings& rings, uint32_t slot) {
+  MUON_CUDA_CHECK(cudaSetDevice(config_.device));
+  rings.tx.wait_ready(slot, impl_->receive.get());
+  return rings.tx.slot(slot);
+}
+
+void DevicePlane::end_receive(DeviceSessionRings& rings, uint32_t slot) {
+  rings.tx.mark_free(slot, impl_->receive.get());
+}
+
+void DevicePlane::read_tx_slot(DeviceSessionRings& rings, uint32_t slot, void* out, size_t bytes) {
+  if (bytes > rings.tx.slot_bytes()) throw InvalidArgument("read past a receive slot");
+  MUON_CUDA_CHECK(cudaMemcpyAsync(out, rings.tx.slot(slot), bytes, cudaMemcpyDeviceToHost,
+                                  impl_->receive.get()));
+  impl_->receive.synchronize();
+}
+
+void DevicePlane::send_update(DeviceSessionRings& rings, uint32_t slot,
+                              const DeviceParamState& param, int64_t offset, int64_t count,
+                              transport::DType dtype) {
+  const size_t bytes = static_cast<size_t>(count) * transport::dtype_bytes(dtype);
+  if (offset < 0 || count < 0 || offset + count > param.numel || bytes > rings.rx.slot_bytes()) {
+    throw InvalidArgument("update chunk [" + std::to_string(offset) + ", " +
+                          std::to_string(offset + count) + ") does not fit a result slot");
+  }
+  MUON_CUDA_CHECK(cudaSetDevice(config_.device));
+  const auto stream = impl_->ret.get();
+  rings.rx.wait_free(slot, stream);
+  const float* src = param.update.as<float>() + offset;
+  if (dtype == transport::DType::f32) {
+    MUON_CUDA_CHECK(
+        cudaMemcpyAsync(rings.rx.slot(slot), src, bytes, cudaMemcpyDeviceToDevice, stream));
+  } else {
+    narrow_to_bf16_device(src, static_cast<uint16_t*>(rings.rx.slot(slot)), count, stream);
+  }
+  rings.rx.mark_ready(slot, stream);
+}
+
+void DevicePlane::send_host(DeviceSessionRings& rings, uint32_t slot, const void* data,
+                            size_t bytes) {
+  if (bytes > rings.rx.slot_bytes()) throw InvalidArgument("host chunk larger than a result slot");
+  MUON_CUDA_CHECK(cudaSetDevice(config_.device));
+  const auto stream = impl_->ret.get();
+  rings.rx.wait_free(slot, stream);
+  // From pageable memory: the runtime has staged the bytes when the call returns.
+  MUON_CUDA_CHECK(
+      cudaMemcpyAsync(rings.rx.slot(slot), data, bytes, cudaMemcpyHostToDevice, stream));
+  rings.rx.mark_ready(slot, stream);
+}
+
+void DevicePlane::updates_enqueued(DeviceParamState& param) {
+  MUON_CUDA_CHECK(cudaEventRecord(param.released.e, impl_->ret.get()));
+}
+
+}  // namespace muon::daemon

@@ -1,0 +1,125 @@
+// The server's GPU data plane: everything a parameter's step touches lives in device memory of
+// the server's GPU. Per parameter: each contributing rank's fp32 buffer (ContributionStore), the
+// reduced gradient, the fp32 momentum, the update. Per session on the cuda_ipc plane: a receive
+// ring and a result ring exported over CUDA IPC (transport/cuda_ipc.hpp). Three streams:
+//   receive  waits each gradient slot's `ready` event, reduces it into the rank's buffer
+//            (kernels/tile_reduce), records the slot's `free` event; at a step's last commit,
+//            reduces the ranks in ascending order into the gradient and records `grad_ready`;
+//   compute  (the worker thread) waits grad_ready and the previous update's `released`, runs
+//            the Muon step (kernels/device_muon.hpp: momentum, Newton-Schulz, scale);
+//   return   waits each result slot's `free` event, copies (or narrows to bf16) the client's
+//            part of the update into it, records `ready`; then `released` for the parameter.
+// The control plane's credits say who may use which slot; the events only order GPU work, so no
+// thread ever waits on a client's GPU. Sessions on the shm plane are served too: their host
+// slots are staged through the receive stream, their updates read back to the host.
+// The reduction order and grouping are the host's (daemon/step_reducer.hpp), so the reduced
+// gradient is bitwise the CPU server's; the Newton-Schulz is the CUDA backend's.
+//
+// The header names no CUDA type. In builds without CUDA every constructor throws
+// BackendUnavailable (daemon/device_plane_none.cpp).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "daemon/contribution_store.hpp"
+#include "kernels/device_stream.hpp"
+#include "transport/cuda_ipc_handle.hpp"
+#include "transport/messages.hpp"
+
+namespace muon::daemon {
+
+class StepReducer;
+struct NsJob;
+
+/// Start-up settings of the GPU data plane (flags of muon-offloadd).
+struct DevicePlaneConfig {
+  int device = 0;                                    ///< CUDA device ordinal
+  StreamPriority priority = StreamPriority::normal;  ///< of the three streams (--stream-priority)
+  bool capture_graphs = false;                       ///< CUDA graphs per shape (--cuda-graphs)
+};
+
+/// A parameter's device buffers and events (opaque; made by DevicePlane::make_param).
+class DeviceParamState;
+/// A session's exported rings (opaque; made by DevicePlane::make_session_rings).
+class DeviceSessionRings;
+
+/// Releases what DevicePlane made; usable as unique_ptr/shared_ptr deleters.
+struct DeviceParamStateDeleter {
+  void operator()(DeviceParamState* p) const noexcept;
+};
+struct DeviceSessionRingsDeleter {
+  void operator()(DeviceSessionRings* p) const noexcept;
+};
+using DeviceParamPtr = std::unique_ptr<DeviceParamState, DeviceParamStateDeleter>;
+using DeviceRingsPtr = std::shared_ptr<DeviceSessionRings>;
+
+class DevicePlane {
+ public:
+  /// Selects config.device, creates the streams and the device Muon step. Throws
+  /// BackendUnavailable when no usable GPU is present or the build has no CUDA (the message says
+  /// why), DeviceError when CUDA fails.
+  explicit DevicePlane(const DevicePlaneConfig& config);
+  ~DevicePlane();
+  DevicePlane(const DevicePlane&) = delete;
+  DevicePlane& operator=(const DevicePlane&) = delete;
+
+  const DevicePlaneConfig& config() const { return config_; }
+
+  // ---- parameters (io thread) ----------------------------------------------------------------
+  /// Device buffers for a parameter of `numel` fp32 elements (momentum only when `momentum`),
+  /// zero-filled. Throws DeviceError (e.g. out of memory).
+  DeviceParamPtr make_param(int64_t numel, bool momentum);
+  /// A contribution store on the receive stream (device buffers; host contributions are staged).
+  std::unique_ptr<ContributionStore> make_contribution_store();
+  /// Enqueues the reduction of the complete `reducer` into the parameter's gradient on the
+  /// receive stream and records grad_ready. Throws as StepReducer::reduce, DeviceError.
+  void reduce(StepReducer& reducer, DeviceParamState& param);
+  /// Copies momentum[offset, offset + count) to/from host fp32 (blocking; io thread, only while
+  /// the parameter is not computing). Throws DeviceError.
+  void read_momentum(const DeviceParamState& param, int64_t offset, int64_t count, float* out);
+  void write_momentum(DeviceParamState& param, int64_t offset, const float* in, int64_t count);
+  /// Copies update[offset, offset + count) to host fp32 (blocking; the last finished step's).
+  void read_update(const DeviceParamState& param, int64_t offset, int64_t count, float* out);
+
+  // ---- the worker thread ---------------------------------------------------------------------
+  /// Runs job's Muon step on the compute stream and waits for it: momentum and update in
+  /// job.device, the outcome in job.applied / job.error / job.error_code / job.compute_seconds
+  /// as the host scheduler sets them (non_finite under policy error; skipped under skip; a
+  /// diverged Newton-Schulz is "backend"; the momentum is untouched whenever the step is refused).
+  /// When job.sample_health, the update is also copied into job.update for the host sampler.
+  void run(NsJob& job);
+
+  // ---- sessions on the cuda_ipc plane (io thread) --------------------------------------------
+  /// A receive ring (tx, client -> server) and a result ring (rx) of the given slots, exported.
+  DeviceRingsPtr make_session_rings(uint32_t tx_slots, uint32_t rx_slots, uint64_t slot_bytes);
+  static const transport::DeviceRingDescriptor& tx_descriptor(const DeviceSessionRings& rings);
+  static const transport::DeviceRingDescriptor& rx_descriptor(const DeviceSessionRings& rings);
+  /// Orders the receive stream after the client's write of tx slot `slot`; returns the slot's
+  /// device address (a Contribution's data). Pair with end_receive, also when the push fails.
+  const void* begin_receive(DeviceSessionRings& rings, uint32_t slot);
+  /// Records the slot's free event after the work enqueued since begin_receive.
+  void end_receive(DeviceSessionRings& rings, uint32_t slot);
+  /// Copies `bytes` of tx slot `slot` to host memory (blocking; momentum loads).
+  void read_tx_slot(DeviceSessionRings& rings, uint32_t slot, void* out, size_t bytes);
+  /// On the return stream: waits rx slot `slot`'s free event, writes update[offset, offset +
+  /// count) of `param` into it as `dtype` (bf16: narrowed as transport::f32_to_bf16), records the
+  /// slot's ready event. Returns without waiting.
+  void send_update(DeviceSessionRings& rings, uint32_t slot, const DeviceParamState& param,
+                   int64_t offset, int64_t count, transport::DType dtype);
+  /// The same for host bytes (chunks that waited for a credit, momentum of state_fetch): copied
+  /// before it returns, so `data` may go.
+  void send_host(DeviceSessionRings& rings, uint32_t slot, const void* data, size_t bytes);
+  /// Every copy of the parameter's current update is enqueued: its next step may overwrite it
+  /// once the return stream passed them (records `released`).
+  void updates_enqueued(DeviceParamState& param);
+
+ private:
+  struct Impl;
+  DevicePlaneConfig config_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace muon::daemon

@@ -1,0 +1,79 @@
+// The GPU data plane in a build without CUDA: it cannot be created (device_plane.hpp).
+#include "core/error.hpp"
+#include "daemon/device_plane.hpp"
+
+namespace muon::daemon {
+
+class DeviceParamState {};
+class DeviceSessionRings {};
+
+struct DevicePlane::Impl {};
+
+void DeviceParamStateDeleter::operator()(DeviceParamState* p) const noexcept {
+  delete p;
+}
+void DeviceSessionRingsDeleter::operator()(DeviceSessionRings* p) const noexcept {
+  delete p;
+}
+
+namespace {
+[[noreturn]] void unavailable() {
+  throw BackendUnavailable("GPU data plane: this server was built without CUDA");
+}
+}  // namespace
+
+DevicePlane::DevicePlane(const DevicePlaneConfig& config) : config_(config) {
+  unavailable();
+}
+DevicePlane::~DevicePlane() = default;
+DeviceParamPtr DevicePlane::make_param(int64_t, bool) {
+  unavailable();
+}
+std::unique_ptr<ContributionStore> DevicePlane::make_contribution_store() {
+  unavailable();
+}
+void DevicePlane::reduce(StepReducer&, DeviceParamState&) {
+  unavailable();
+}
+void DevicePlane::read_momentum(const DeviceParamState&, int64_t, int64_t, float*) {
+  unavailable();
+}
+void DevicePlane::write_momentum(DeviceParamState&, int64_t, const float*, int64_t) {
+  unavailable();
+}
+void DevicePlane::read_update(const DeviceParamState&, int64_t, int64_t, float*) {
+  unavailable();
+}
+void DevicePlane::run(NsJob&) {
+  unavailable();
+}
+DeviceRingsPtr DevicePlane::make_session_rings(uint32_t, uint32_t, uint64_t) {
+  unavailable();
+}
+const transport::DeviceRingDescriptor& DevicePlane::tx_descriptor(const DeviceSessionRings&) {
+  unavailable();
+}
+const transport::DeviceRingDescriptor& DevicePlane::rx_descriptor(const DeviceSessionRings&) {
+  unavailable();
+}
+const void* DevicePlane::begin_receive(DeviceSessionRings&, uint32_t) {
+  unavailable();
+}
+void DevicePlane::end_receive(DeviceSessionRings&, uint32_t) {
+  unavailable();
+}
+void DevicePlane::read_tx_slot(DeviceSessionRings&, uint32_t, void*, size_t) {
+  unavailable();
+}
+void DevicePlane::send_update(DeviceSessionRings&, uint32_t, const DeviceParamState&, int64_t,
+                              int64_t, transport::DType) {
+  unavailable();
+}
+void DevicePlane::send_host(DeviceSessionRings&, uint32_t, const void*, size_t) {
+  unavailable();
+}
+void DevicePlane::updates_enqueued(DeviceParamState&) {
+  unavailable();
+}
+
+}  // namespace muon::daemon
