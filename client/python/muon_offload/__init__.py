@@ -9,12 +9,14 @@
 The library is found through ``MUON_OFFLOAD_LIB`` or ``<repo>/build/client/``; servers through
 ``MUON_OFFLOAD_SERVERS`` (comma-separated socket paths, set by scripts/muon-offload-launch).
 """
-from ._native import (ConnectionLost, InvalidArgument, MuonOffloadError, NonFiniteGradient,
-                      PeerLost, ServerError, Timeout, library_path)
+from ._native import (BackendUnavailable, ConnectionLost, DeviceError, InvalidArgument,
+                      MuonOffloadError, NonFiniteGradient, PeerLost, ServerError, Timeout,
+                      has_cuda, library_path)
 from .client import Client, local_update
 
 __all__ = [
     "Client", "local_update", "library_path", "MuonOffloadError", "InvalidArgument",
-    "ServerError", "ConnectionLost", "PeerLost", "NonFiniteGradient", "Timeout",
+    "ServerError", "ConnectionLost", "PeerLost", "NonFiniteGradient", "Timeout", "DeviceError",
+    "BackendUnavailable", "has_cuda",
 ]
 __version__ = "0.1.0"

@@ -19,7 +19,8 @@ import threading
 
 __all__ = [
     "MuonOffloadError", "InvalidArgument", "ServerError", "ConnectionLost", "PeerLost",
-    "NonFiniteGradient", "Timeout", "lib", "check", "library_path",
+    "NonFiniteGradient", "Timeout", "DeviceError", "BackendUnavailable", "lib", "check",
+    "library_path", "has_cuda",
 ]
 
 MUON_OK = 0
@@ -30,6 +31,8 @@ MUON_ERR_TIMEOUT = -4
 MUON_ERR_NONFINITE = -5
 MUON_ERR_PEER_LOST = -6
 MUON_ERR_INTERNAL = -7
+MUON_ERR_DEVICE = -8
+MUON_ERR_UNAVAILABLE = -9
 
 
 class MuonOffloadError(RuntimeError):
@@ -68,6 +71,16 @@ class Timeout(MuonOffloadError, TimeoutError):
     (MUON_ERR_TIMEOUT)."""
 
 
+class DeviceError(MuonOffloadError):
+    """A CUDA call failed, e.g. no usable GPU ("CUDA driver version is insufficient")
+    (MUON_ERR_DEVICE)."""
+
+
+class BackendUnavailable(MuonOffloadError):
+    """Not available in this build, e.g. the device data plane in a library built without CUDA
+    (MUON_ERR_UNAVAILABLE)."""
+
+
 _ERRORS = {
     MUON_ERR_INVALID: InvalidArgument,
     MUON_ERR_SERVER: ServerError,
@@ -76,6 +89,8 @@ _ERRORS = {
     MUON_ERR_NONFINITE: NonFiniteGradient,
     MUON_ERR_PEER_LOST: PeerLost,
     MUON_ERR_INTERNAL: MuonOffloadError,
+    MUON_ERR_DEVICE: DeviceError,
+    MUON_ERR_UNAVAILABLE: BackendUnavailable,
 }
 
 _LIB_NAME = "libmuon_offload_client.so"
@@ -118,12 +133,17 @@ def _declare(lib: ctypes.CDLL) -> None:
         "muon_last_error": (cp, []),
         "muon_client_create": (i, [ctypes.POINTER(cp), i, i, i, cp, i64, i64,
                                    ctypes.POINTER(ctypes.c_void_p)]),
+        "muon_client_create_ex": (i, [ctypes.POINTER(cp), i, i, i, cp, i64, i64, cp,
+                                      ctypes.POINTER(ctypes.c_void_p)]),
         "muon_client_destroy": (None, [h]),
+        "muon_client_has_cuda": (i, []),
         "muon_client_register": (i, [h, cp, c_int64_p, i, cp, cp, cp, c_int64_p, i, c_int64_p, i,
                                      i]),
         "muon_client_push": (i, [h, cp, i64, i64, vp, i64]),
+        "muon_client_push_device": (i, [h, cp, i64, i64, vp, i64, vp]),
         "muon_client_commit": (i, [h, cp, i64]),
         "muon_client_wait_update": (i, [h, cp, i64, vp, i64, ctypes.POINTER(i)]),
+        "muon_client_wait_update_device": (i, [h, cp, i64, vp, i64, vp, ctypes.POINTER(i)]),
         "muon_client_update_ready": (i, [h, cp, i64]),
         "muon_client_fetch_momentum": (i, [h, cp, vp, i64, c_int64_p]),
         "muon_client_load_momentum": (i, [h, cp, i64, vp, i64]),
@@ -152,6 +172,12 @@ def lib() -> ctypes.CDLL:
             _declare(loaded)
             _lib = loaded
         return _lib
+
+
+def has_cuda() -> bool:
+    """True when the loaded library was built with CUDA (device tensors and data plane
+    ``cuda_ipc`` can work; whether a GPU is usable is another matter)."""
+    return bool(lib().muon_client_has_cuda())
 
 
 def last_error() -> str:

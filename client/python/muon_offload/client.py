@@ -1,7 +1,15 @@
 """A Python client of muon-offloadd: a thin wrapper over the C ABI (client/muon_client.h).
 
-Buffers are NumPy arrays or torch tensors: contiguous, on the CPU, of the registered dtype
-(float32, or bfloat16 for a "bf16" gradient/update dtype). Nothing here imports torch.
+Buffers are NumPy arrays or torch tensors: contiguous, of the registered dtype (float32, or
+bfloat16 for a "bf16" gradient/update dtype). CUDA tensors are accepted by ``push`` and
+``wait_update`` (the device entry points of the C ABI, on the tensor's current torch stream); every
+other buffer must be on the CPU. Nothing here imports torch unless given a CUDA tensor.
+
+Data plane (``data_plane=``, or the environment variable ``MUON_OFFLOAD_DATA_PLANE``): ``"shm"``
+(default; host shared memory, any server) or ``"cuda_ipc"`` (the server's device rings over CUDA
+IPC, same node, a server on the CUDA backend: gradients go from the trainer's GPU to the server's
+with no host staging). With ``cuda_ipc`` create the client with the trainer's device current
+(``torch.cuda.set_device``); a CPU server refuses it with :class:`~muon_offload.ServerError`.
 
 Typical step of compute rank r (what :class:`muon_offload.torch.OffloadMuon` does for you)::
 
@@ -15,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import threading
 from typing import Iterable, Mapping, Optional, Sequence, Tuple
 
@@ -24,6 +33,39 @@ from ._native import check, int64_array
 Range = Tuple[int, int]
 
 _DTYPE_BYTES = {"f32": 4, "fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2}
+
+DATA_PLANES = ("shm", "cuda_ipc")
+
+
+def data_plane_from(value: Optional[str]) -> str:
+    """The data plane to use: ``value``, else ``$MUON_OFFLOAD_DATA_PLANE``, else ``"shm"``.
+    Raises InvalidArgument naming the source for anything but "shm" or "cuda_ipc"."""
+    source = "data_plane"
+    if value is None:
+        value = os.environ.get("MUON_OFFLOAD_DATA_PLANE", "")
+        source = "MUON_OFFLOAD_DATA_PLANE"
+        if not value:
+            return "shm"
+    if not isinstance(value, str) or value not in DATA_PLANES:
+        raise _native.InvalidArgument(f"{source}={value!r}: expected one of "
+                                      f"{', '.join(DATA_PLANES)}")
+    return value
+
+
+def _is_cuda(x) -> bool:
+    return bool(getattr(x, "is_cuda", False))
+
+
+def _cuda_buffer(x, what: str, stream) -> Tuple[int, int, int]:
+    """(address, bytes, cudaStream_t) of a contiguous CUDA tensor; ``stream`` None: the current
+    torch stream of the tensor's device, else a torch.cuda.Stream or a raw cudaStream_t."""
+    if not x.is_contiguous():
+        raise _native.InvalidArgument(f"{what}: tensor is not contiguous")
+    if stream is None:
+        import torch
+        stream = torch.cuda.current_stream(x.device)
+    handle = int(getattr(stream, "cuda_stream", stream) or 0)
+    return x.data_ptr(), x.numel() * x.element_size(), handle
 
 
 def _buffer(x, what: str) -> Tuple[int, int]:
@@ -66,7 +108,8 @@ class Client:
     """
 
     def __init__(self, servers: Sequence[str], rank: int = 0, world_size: int = 1,
-                 name: str = "", connect_timeout_ms: int = 10000, op_timeout_ms: int = 120000):
+                 name: str = "", connect_timeout_ms: int = 10000, op_timeout_ms: int = 120000,
+                 data_plane: Optional[str] = None):
         if isinstance(servers, str):
             servers = [s for s in servers.split(",") if s]
         servers = [str(s) for s in servers]
@@ -74,17 +117,18 @@ class Client:
             raise _native.InvalidArgument("no server socket given")
         self.servers = servers
         self.rank, self.world_size = int(rank), int(world_size)
+        self.data_plane = data_plane_from(data_plane)
         self._lib = _native.lib()
         arr = (ctypes.c_char_p * len(servers))(*[s.encode() for s in servers])
         handle = ctypes.c_void_p()
         self._mu = threading.RLock()
         self._h = None
         self._registered = {}
-        check(self._lib.muon_client_create(arr, len(servers), self.rank, self.world_size,
-                                           (name or f"rank {rank}").encode(),
-                                           int(connect_timeout_ms), int(op_timeout_ms),
-                                           ctypes.byref(handle)),
-              f"connecting rank {rank} to {', '.join(servers)}")
+        check(self._lib.muon_client_create_ex(arr, len(servers), self.rank, self.world_size,
+                                              (name or f"rank {rank}").encode(),
+                                              int(connect_timeout_ms), int(op_timeout_ms),
+                                              self.data_plane.encode(), ctypes.byref(handle)),
+              f"connecting rank {rank} to {', '.join(servers)} (data plane {self.data_plane})")
         self._h = handle
 
     # -- lifetime --------------------------------------------------------------------------
@@ -137,12 +181,28 @@ class Client:
             "want": sum(e - b for b, e in want),
             "update_bytes": _DTYPE_BYTES.get(update_dtype, 4), "server": int(server)}
 
-    def push(self, name: str, step: int, offset: int, data, count: Optional[int] = None) -> None:
+    def push(self, name: str, step: int, offset: int, data, count: Optional[int] = None,
+             stream=None) -> None:
         """Pushes ``count`` elements of ``data`` (grad dtype) at element ``offset``. Pushes of
-        the same elements within one step accumulate on the server."""
-        ptr, nbytes = _buffer(data, f"push '{name}'")
+        the same elements within one step accumulate on the server.
+
+        A CUDA tensor goes through ``muon_client_push_device`` on ``stream`` (default: the
+        current torch stream of its device), ordered after the work queued there: with
+        ``cuda_ipc`` straight into the server's GPU, returning once the copies are enqueued (keep
+        ``data`` alive and unchanged until the stream has passed them; a tensor allocated on that
+        stream may simply be dropped, the caching allocator orders its reuse), with ``shm``
+        staged through host memory. Raises DeviceError / BackendUnavailable when CUDA cannot
+        serve it; nothing is pushed then."""
         if count is None:
             count = data.numel() if hasattr(data, "numel") and callable(data.numel) else data.size
+        if _is_cuda(data):
+            ptr, nbytes, s = _cuda_buffer(data, f"push '{name}'", stream)
+            with self._mu:
+                check(self._lib.muon_client_push_device(
+                    self._handle(), name.encode(), int(step), int(offset), ctypes.c_void_p(ptr),
+                    int(count), ctypes.c_void_p(s)), f"push of '{name}' step {step}")
+            return
+        ptr, nbytes = _buffer(data, f"push '{name}'")
         with self._mu:
             check(self._lib.muon_client_push(self._handle(), name.encode(), int(step), int(offset),
                                               ctypes.c_void_p(ptr), int(count)),
@@ -154,11 +214,24 @@ class Client:
             check(self._lib.muon_client_commit(self._handle(), name.encode(), int(step)),
                   f"commit of '{name}' step {step}")
 
-    def wait_update(self, name: str, step: int, out) -> bool:
+    def wait_update(self, name: str, step: int, out, stream=None) -> bool:
         """Waits for the update of (name, step) and writes the packed want ranges into ``out``.
-        Returns False when the server skipped the step (non-finite policy "skip": zeros)."""
-        ptr, nbytes = _buffer(out, f"update of '{name}'")
+        Returns False when the server skipped the step (non-finite policy "skip": zeros).
+
+        A CUDA ``out`` goes through ``muon_client_wait_update_device``: the values are there for
+        work queued on ``stream`` (default: the current torch stream of its device) after this
+        call. Raises DeviceError / BackendUnavailable when CUDA cannot serve it; the update then
+        stays held (a later wait of the step still gets it)."""
         applied = ctypes.c_int(1)
+        if _is_cuda(out):
+            ptr, nbytes, s = _cuda_buffer(out, f"update of '{name}'", stream)
+            with self._mu:
+                check(self._lib.muon_client_wait_update_device(
+                    self._handle(), name.encode(), int(step), ctypes.c_void_p(ptr), nbytes,
+                    ctypes.c_void_p(s), ctypes.byref(applied)),
+                    f"update of '{name}' step {step}")
+            return bool(applied.value)
+        ptr, nbytes = _buffer(out, f"update of '{name}'")
         with self._mu:
             check(self._lib.muon_client_wait_update(self._handle(), name.encode(), int(step),
                                                      ctypes.c_void_p(ptr), nbytes,

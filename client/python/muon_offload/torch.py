@@ -379,6 +379,16 @@ class OffloadMuon(_MuonBase):
         prefix: prepended to the names the server sees (to share one server between jobs).
         resume_from_server: adopt the momentum and step the server holds (a server restarted
             with ``--restore``) instead of starting at step 0.
+        data_plane: ``"shm"`` (host shared memory, any server) or ``"cuda_ipc"`` (the servers'
+            device rings over CUDA IPC: same node, servers on the CUDA backend); default:
+            environment ``MUON_OFFLOAD_DATA_PLANE``, else ``"shm"``. With ``cuda_ipc`` the rings
+            are opened on the device of the first CUDA Muon parameter.
+
+    Devices: CUDA parameters keep their gradients and updates on the device when the client
+    library has CUDA (``muon_offload.has_cuda()``): gradients are pushed from device memory on
+    the current stream (with ``cuda_ipc`` straight into the server's GPU, without host copies;
+    with ``shm`` staged through the host by the library) and updates land in device buffers.
+    CPU parameters go through host memory as always.
 
     Shapes: 2-D matrices go as they are; conv weights ``(out, in, kh, kw)`` as
     ``(out, in*kh*kw)`` (and scaled by that shape); 3-D ``(b, r, c)`` expert stacks as b
@@ -432,7 +442,7 @@ class OffloadMuon(_MuonBase):
                  process_group=None, prefix: str = "", assign: Optional[Mapping[str, int]] = None,
                  grad_dtype: str = "f32", update_dtype: str = "f32",
                  connect_timeout_s: float = 10.0, timeout_s: float = 120.0,
-                 resume_from_server: bool = False):
+                 resume_from_server: bool = False, data_plane: Optional[str] = None):
         if servers is None:
             servers = os.environ.get("MUON_OFFLOAD_SERVERS", "")
             if not servers:
@@ -454,6 +464,7 @@ class OffloadMuon(_MuonBase):
         self._no_commit_depth = 0
         self._loads = [0.0] * len(self.servers)
         self.last_step_stats: Dict[str, object] = {}
+        self._device_io = False  # CUDA tensors through the library's device entry points
         super().__init__(params_or_groups, lr=lr, momentum=momentum, nesterov=nesterov,
                          weight_decay=weight_decay, adamw_lr=adamw_lr, adamw_betas=adamw_betas,
                          adamw_eps=adamw_eps, adamw_weight_decay=adamw_weight_decay,
@@ -461,16 +472,22 @@ class OffloadMuon(_MuonBase):
                          eps=eps, momentum_convention=momentum_convention, names=names,
                          route=route, row_splits=row_splits, mode=mode,
                          process_group=process_group, prefix=prefix)
+        cuda_params = [p for p in self._muon_params if p.is_cuda]
+        # cuda_ipc opens the rings on the current device: the one the parameters live on.
+        on_device = (torch.cuda.device(cuda_params[0].device) if cuda_params
+                     else contextlib.nullcontext())
         try:
-            self._client = Client(self.servers, rank=self.rank, world_size=self.world_size,
-                                  name=f"rank {self.rank} pid {os.getpid()}",
-                                  connect_timeout_ms=int(connect_timeout_s * 1000),
-                                  op_timeout_ms=int(timeout_s * 1000))
+            with on_device:
+                self._client = Client(self.servers, rank=self.rank, world_size=self.world_size,
+                                      name=f"rank {self.rank} pid {os.getpid()}",
+                                      connect_timeout_ms=int(connect_timeout_s * 1000),
+                                      op_timeout_ms=int(timeout_s * 1000), data_plane=data_plane)
         except ConnectionLost as e:
             raise ConnectionLost(
                 f"{e}\n(is muon-offloadd running? start it with scripts/muon-offload-launch, or "
                 f"`muon-offloadd --socket {self.servers[0]}`; check with "
                 f"`muon-offload health --socket {self.servers[0]}`)", e.code) from None
+        self._device_io = bool(cuda_params) and _native.has_cuda()
         try:
             self._register(self._muon_params)
             if resume_from_server:
@@ -576,17 +593,24 @@ class OffloadMuon(_MuonBase):
         m = self._meta[p]
         step = self._server_step(p)
         if grad is None:
-            g = torch.zeros(m.shape, dtype=torch.float32)
+            g = torch.zeros(m.shape, dtype=torch.float32, device=self._io_device(p))
         else:
             g = grad.detach().reshape(m.shape)
             if self.world_size > 1:
                 g = g.to(torch.float32) / self.world_size
                 if self.mode == "shard":
                     dist.all_reduce(g, group=self._pg)
-        g = g.to(device="cpu", dtype=_TORCH_DTYPE[self._grad_dtype]).contiguous().view(-1)
+        # CUDA gradients stay on the device (pushed from device memory on the current stream).
+        g = g.to(device=self._io_device(p),
+                 dtype=_TORCH_DTYPE[self._grad_dtype]).contiguous().view(-1)
         for b, e in m.push:
             self._client.push(m.name, step, b, g[b:e], e - b)
         self._pushed[p] = step
+
+    def _io_device(self, p: torch.Tensor) -> torch.device:
+        """Where the gradient and update buffers of ``p`` live: its CUDA device when the library
+        takes device memory, else the CPU."""
+        return p.device if (self._device_io and p.is_cuda) else torch.device("cpu")
 
     def _commit(self, p: torch.Tensor) -> None:
         m = self._meta[p]
@@ -640,7 +664,8 @@ class OffloadMuon(_MuonBase):
             waited = []
             for p in list(self._committed):
                 m, g = self._meta[p], group_of[p]
-                buf = torch.empty(m.numel, dtype=_TORCH_DTYPE[self._update_dtype])
+                buf = torch.empty(m.numel, dtype=_TORCH_DTYPE[self._update_dtype],
+                                  device=self._io_device(p))
                 step = self._pushed[p]
                 waited.append(step)
                 try:
@@ -825,7 +850,7 @@ def _plan_owners(path: Optional[str]) -> Dict[str, int]:
 
 # OffloadMuon's arguments that InProcessMuon accepts and ignores, so the classes swap freely.
 _OFFLOAD_ONLY = {"servers", "assign", "grad_dtype", "update_dtype", "connect_timeout_s",
-                 "timeout_s", "resume_from_server"}
+                 "timeout_s", "resume_from_server", "data_plane"}
 
 
 class InProcessMuon(_MuonBase):
