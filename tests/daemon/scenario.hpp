@@ -128,14 +128,12 @@ inline std::vector<float> reduced_gradient(const std::string& mode, int pi, cons
 /// Expected updates for steps [0, steps): updates[step][param] (all elements), using the CPU
 /// backend with `threads` OpenBLAS threads, the same as the server under test.
 /// From `resize_at_step` on, the job has `world_after` ranks (a restart at another size).
-inline std::vector<std::vector<std::vector<float>>> reference_updates(const std::string& mode,
-                                                                      int world, int steps,
-                                                                      int threads,
-                                                                      int64_t resize_at_step = -1,
-                                                                      int world_after = 0) {
+inline std::vector<std::vector<std::vector<float>>> reference_updates(
+    const std::string& mode, int world, int steps, int threads, int64_t resize_at_step = -1,
+    int world_after = 0, const char* kind = "cpu") {
   BackendConfig bc;
   bc.cpu_threads = threads;
-  auto backend = make_backend("cpu", bc);
+  auto backend = make_backend(kind, bc);
   const auto params = scenario_params();
   std::vector<std::vector<float>> momentum;
   for (const auto& p : params) momentum.emplace_back(static_cast<size_t>(p.numel()), 0.0f);

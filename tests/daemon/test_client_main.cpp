@@ -2,7 +2,8 @@
 // scenario's parameters, pushes its shard of deterministic gradients in chunks of random sizes
 // and random order, commits, waits for every update and writes what it received to --out.
 // Failure injection: --die-at-step (exit abruptly mid-push), --skip-param (never push one
-// parameter), --nan-at-step (NaN in one gradient).
+// parameter), --nan-at-step (NaN in one gradient). GPU data plane: --data-plane cuda_ipc and
+// --device-buffers (gradients pushed from, updates received into, CUDA device memory).
 // Exit codes: 0 ok, 3 the server reported an error (written to <out>.err), 2 bad arguments.
 #include <unistd.h>
 
@@ -14,6 +15,12 @@
 #include <random>
 
 #include "scenario.hpp"
+
+#if defined(MUON_HAVE_CUDA)
+#include <cuda_runtime_api.h>
+
+#include "core/cuda_check.hpp"
+#endif
 
 using namespace muon;
 using namespace muon::testing;
@@ -29,6 +36,8 @@ struct Args {
   int64_t die_at_step = -1, nan_at_step = -1;
   int64_t op_timeout_ms = 30000;
   bool split_servers = false, fetch_momentum = false;
+  std::string data_plane = "shm";  // shm | cuda_ipc
+  bool device_buffers = false;     // push from and receive into CUDA device memory
 };
 
 Args parse(int argc, char** argv) {
@@ -70,6 +79,10 @@ Args parse(int argc, char** argv) {
       a.op_timeout_ms = std::stoll(v());
     else if (k == "--split-servers")
       a.split_servers = true;
+    else if (k == "--data-plane")
+      a.data_plane = v();
+    else if (k == "--device-buffers")
+      a.device_buffers = true;
     else if (k == "--fetch-momentum")
       a.fetch_momentum = true;
     else {
@@ -91,6 +104,58 @@ void write_error(const Args& a, const client::ServerError& e) {
 
 }  // namespace
 
+// --device-buffers: one device buffer for gradients going out and updates coming in, on the
+// legacy default stream (CUDA builds only).
+class DeviceStaging {
+ public:
+  explicit DeviceStaging(bool on) {
+    if (!on) return;
+#if !defined(MUON_HAVE_CUDA)
+    throw muon::BackendUnavailable("--device-buffers needs a CUDA build");
+#endif
+  }
+  DeviceStaging(const DeviceStaging&) = delete;
+  DeviceStaging& operator=(const DeviceStaging&) = delete;
+#if defined(MUON_HAVE_CUDA)
+  ~DeviceStaging() {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+  }
+  float* buffer(size_t n) {
+    if (n > size_) {
+      if (ptr_ != nullptr) MUON_CUDA_CHECK(cudaFree(ptr_));
+      ptr_ = nullptr;
+      MUON_CUDA_CHECK(cudaMalloc(&ptr_, n * sizeof(float)));
+      size_ = n;
+    }
+    return static_cast<float*>(ptr_);
+  }
+  const float* upload(const std::vector<float>& v) {
+    float* d = buffer(v.size());
+    MUON_CUDA_CHECK(cudaMemcpy(d, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice));
+    return d;
+  }
+  void wait() {
+    MUON_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+  }
+  void download(std::vector<float>& v) {
+    MUON_CUDA_CHECK(cudaMemcpy(v.data(), ptr_, v.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t size_ = 0;
+#else
+  float* buffer(size_t) {
+    return nullptr;
+  }
+  const float* upload(const std::vector<float>&) {
+    return nullptr;
+  }
+  void wait() {}
+  void download(std::vector<float>&) {}
+#endif
+};
+
 int main(int argc, char** argv) {
   const Args a = parse(argc, argv);
   const auto params = scenario_params();
@@ -101,7 +166,9 @@ int main(int argc, char** argv) {
     cfg.world_size = a.world;
     cfg.name = "test client rank " + std::to_string(a.rank);
     cfg.op_timeout = std::chrono::milliseconds(a.op_timeout_ms);
+    cfg.data_plane = transport::parse_data_plane(a.data_plane);
     client::Client c(cfg);
+    DeviceStaging device(a.device_buffers);
     std::vector<client::ParameterRegistration> regs;
     for (size_t pi = 0; pi < params.size(); ++pi) {
       const auto& p = params[pi];
@@ -145,7 +212,12 @@ int main(int argc, char** argv) {
           v[i] = grad_value(static_cast<int>(ch.pi), step, a.rank, ch.offset + i);
         }
         if (step == a.nan_at_step && ch.pi == 0) v[0] = std::numeric_limits<float>::quiet_NaN();
-        c.push(params[ch.pi].name, step, ch.offset, v.data(), ch.count);
+        if (a.device_buffers) {
+          c.push_device(params[ch.pi].name, step, ch.offset, device.upload(v), ch.count, nullptr);
+          device.wait();  // the source buffer is reused by the next chunk
+        } else {
+          c.push(params[ch.pi].name, step, ch.offset, v.data(), ch.count);
+        }
         ++pushed;
       }
       for (size_t pi = 0; pi < params.size(); ++pi) {
@@ -154,7 +226,12 @@ int main(int argc, char** argv) {
       }
       for (size_t pi = 0; pi < params.size(); ++pi) {
         std::vector<float> u(static_cast<size_t>(params[pi].numel()));
-        c.wait_update(params[pi].name, step, u.data());
+        if (a.device_buffers) {
+          c.wait_update_device(params[pi].name, step, device.buffer(u.size()), nullptr);
+          device.download(u);
+        } else {
+          c.wait_update(params[pi].name, step, u.data());
+        }
         const int64_t header[3] = {step, static_cast<int64_t>(pi), static_cast<int64_t>(u.size())};
         out.write(reinterpret_cast<const char*>(header), sizeof header);
         out.write(reinterpret_cast<const char*>(u.data()),

@@ -11,6 +11,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "kernels/device_probe.hpp"
 #include "process.hpp"
 #include "scenario.hpp"
 #include "server_process.hpp"
@@ -138,6 +139,36 @@ INSTANTIATE_TEST_SUITE_P(
                       EquivalenceCase{4, "flat_uneven"}, EquivalenceCase{4, "empty"},
                       EquivalenceCase{4, "halves"}, EquivalenceCase{4, "replicated"}),
     [](const auto& info) { return std::to_string(info.param.world) + "_" + info.param.mode; });
+
+// The GPU data plane end to end: a server on the CUDA backend (device reduction, device Muon
+// step), two rank processes on CUDA IPC pushing from and receiving into device memory, updates
+// bitwise equal to the CUDA backend run in process on the same reduced gradients. In the
+// replicated job rank 1 stays on shm with host buffers: both planes served by one GPU server.
+TEST(ServerIntegrationGpu, RankProcessesOverCudaIpcAreBitwiseTheCudaKernels) {
+#if defined(MUON_HAVE_CUDA)
+  if (const auto why = cuda_unavailable_reason(); !why.empty()) GTEST_SKIP() << why;
+#else
+  GTEST_SKIP() << "built without CUDA";
+#endif
+  const auto dir = temp_dir();
+  for (const std::string mode : {"flat_uneven", "replicated"}) {
+    ServerProcess server(dir, {"--backend", "cuda"}, "gpu_" + mode);  // fresh momentum per job
+    std::vector<ClientRun> runs;
+    for (int r = 0; r < 2; ++r) {
+      std::vector<std::string> extra = {"--steps", "3"};
+      if (r == 0 || mode == "flat_uneven") {  // replicated: rank 1 stays on shm, host buffers
+        extra.insert(extra.end(), {"--data-plane", "cuda_ipc", "--device-buffers"});
+      }
+      runs.push_back(start_client(dir, {server.socket()}, r, 2, mode, extra));
+    }
+    for (auto& run : runs) ASSERT_EQ(wait_exit(run.pid, 120s), 0) << read_err(run.out).message;
+    const auto ref = reference_updates(mode, 2, 3, kThreads, -1, 0, "cuda");
+    for (int r = 0; r < 2; ++r) {
+      expect_bitwise(runs[r].out, ref, 0, 3, mode + " rank " + std::to_string(r));
+    }
+  }
+  fs::remove_all(dir);
+}
 
 TEST(ServerIntegration, SnapshotKillRestartIsBitwiseEqualToAnUninterruptedRun) {
   const auto dir = temp_dir();
