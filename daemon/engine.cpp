@@ -377,7 +377,9 @@ void Engine::load_momentum(const transport::Push& m, Param& p, std::span<const f
   if (p.computing || p.reducer) {
     throw InvalidArgument("cannot load the momentum of '" + m.name + "' while step is in progress");
   }
-  if (p.device) device_->write_momentum(*p.device, m.offset, values.data(), m.count);
+  if (p.device && p.layout->spec.options.momentum.convention != MomentumConvention::none) {
+    device_->write_momentum(*p.device, m.offset, values.data(), m.count);
+  }
   std::memcpy(p.momentum.data() + m.offset, values.data(), values.size_bytes());
   p.last_step = m.step;
 }
