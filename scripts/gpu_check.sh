@@ -11,13 +11,18 @@
 #                            region at an offset inside a larger allocation)
 #        test_nccl           NCCL send/receive (one rank to itself; init timeout); its two-process
 #                            test needs 2 GPUs and may skip for that reason alone
+#        test_device_plane   the server's GPU data plane: device reduction bitwise = the host
+#                            StepReducer, device steps bitwise = DeviceMuon, non-finite handling
+#        test_server_integration (ServerIntegrationGpu.*)  the server end to end: muon-offloadd
+#                            --backend cuda with 2 client processes on CUDA IPC (device buffers)
+#                            and one on shm, bitwise = the CUDA kernels in process
+#        test_client_cuda_ipc  the client's cuda_ipc plane (device pushes, device updates awaited
+#                            out of order, momentum load/fetch) bitwise = the same run over shm
 #      plus the CPU suites they lean on (test_kernels, test_transport_handles),
 #   4. the benchmarks: muon_bench's CUDA rows (Newton-Schulz from host memory vs cuBLAS bf16 GEMM)
 #      and muon_gpu_bench (IPC tile copy vs device-to-device copy; device Muon step vs cuBLAS
 #      bf16 GEMM), with the issue-6 targets checked in a summary (reported, not failed on:
 #      NS >= 0.6 of the GEMM rate for shapes with min(rows, cols) >= 2048; IPC >= 0.8 of D2D).
-# The server end to end on the GPU (2 client processes) is not part of this check yet: the
-# server does not run the device data plane (issue 6, engine integration).
 # Writes everything to ${OUT:-build-gpu}/gpu_report.txt (plus one XML file per test).
 # Exit status: 0 when every test ran and passed, 1 otherwise, 2 when no GPU is usable.
 # Environment: OUT (report folder), JOBS (build parallelism, default nproc),
@@ -74,9 +79,10 @@ if ! run 180 cmake "${cmake_args[@]}" -DMUON_OFFLOAD_BENCH=ON; then
 fi
 
 section "build"
-# name:folder of every test this check runs; GPU tests first.
+# name:folder[:gtest filter] of every test this check runs; GPU tests first.
 gpu_tests=(test_cuda_backend:kernels test_device_muon:kernels test_tile_reduce:kernels
-  test_cuda_ipc:transport test_nccl:transport)
+  test_cuda_ipc:transport test_nccl:transport test_device_plane:daemon
+  "test_server_integration:daemon:ServerIntegrationGpu.*" test_client_cuda_ipc:client)
 cpu_tests=(test_kernels:kernels test_transport_handles:transport)
 targets=()
 for t in "${gpu_tests[@]}" "${cpu_tests[@]}"; do
@@ -87,10 +93,10 @@ for t in "${gpu_tests[@]}" "${cpu_tests[@]}"; do
     log "no target $name in this configuration (NCCL missing?): not built"
   fi
 done
-for helper in cuda_ipc_child nccl_peer_child muon_bench muon_gpu_bench; do
+for helper in cuda_ipc_child nccl_peer_child muon-offloadd muon_test_client muon_bench muon_gpu_bench; do
   if has_target "$helper"; then targets+=("$helper"); fi
 done
-if ! run 360 cmake --build "$BUILD" -j "$JOBS" --target "${targets[@]}"; then
+if ! run 420 cmake --build "$BUILD" -j "$JOBS" --target "${targets[@]}"; then
   log "FATAL: build failed" >&2
   exit 1
 fi
@@ -99,8 +105,7 @@ status=0
 # The only skip a GPU test may report here: the two-process NCCL test on a one-GPU machine.
 allowed_skip='needs 2 CUDA devices'
 for t in "${gpu_tests[@]}" "${cpu_tests[@]}"; do
-  name=${t%%:*}
-  dir=${t##*:}
+  IFS=: read -r name dir filter <<<"$t"
   bin="$BUILD/tests/$dir/$name"
   section "$name"
   if [[ ! -x $bin ]]; then
@@ -109,7 +114,7 @@ for t in "${gpu_tests[@]}" "${cpu_tests[@]}"; do
     continue
   fi
   test_log="$OUT_DIR/$name.log"
-  run 240 "$bin" --gtest_output="xml:$OUT_DIR/$name.xml" | tee "$test_log"
+  run 240 "$bin" --gtest_output="xml:$OUT_DIR/$name.xml" --gtest_filter="${filter:-*}" | tee "$test_log"
   test_rc=${PIPESTATUS[0]}
   # One "[  SKIPPED ] Suite.Test (N ms)" line per skipped test, its reason on the lines before.
   skips=$(grep -cE '^\[  SKIPPED \] [A-Za-z].* \([0-9]+ ms\)' "$test_log" || true)
