@@ -22,4 +22,9 @@ int ipc_export_child_main(uint64_t bytes);
 /// bf16 GEMM reference of the same shape (device_step_bench.cpp).
 void register_device_step_benchmarks();
 
+/// server_step/gpt2_small/<cuda_ipc|shm>: one optimizer step of GPT-2 small through a live
+/// muon-offloadd on the CUDA backend from device buffers vs the same device Muon steps in process
+/// (server_step_bench.cpp).
+void register_server_step_benchmarks();
+
 }  // namespace muon::bench

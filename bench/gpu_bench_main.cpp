@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   muon::bench::register_ipc_copy_benchmarks();
   muon::bench::register_device_step_benchmarks();
+  muon::bench::register_server_step_benchmarks();
   benchmark::AddCustomContext("ipc",
                               "ipc_bw/d2d_bw = D2D time / IPC copy time, same bytes, "
                               "same stream, paired per iteration");
