@@ -3,8 +3,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <chrono>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -18,6 +20,9 @@
 #include "kernels/device_probe.hpp"
 #include "kernels/tile_reduce.hpp"
 #include "transport/cuda_ipc.hpp"
+#if defined(MUON_HAVE_NCCL)
+#include "transport/nccl_comm.hpp"
+#endif
 
 namespace muon::daemon {
 namespace {
@@ -52,11 +57,30 @@ class DeviceParamState {
   OwnedEvent grad_ready, released;
 };
 
+#if defined(MUON_HAVE_NCCL)
+// A session's NCCL side: the communicators and the streams their transfers run on (one per
+// direction: a communicator is used from one stream at a time). Shared with the joining thread.
+struct NcclSession {
+  transport::NcclIdBytes tx_id{}, rx_id{};
+  std::unique_ptr<transport::NcclComm> tx_comm, rx_comm;  // set by the joining thread
+  std::unique_ptr<DeviceStream> recv_stream, send_stream;
+  OwnedEvent sent;  // the last transfer of send_stream, for the return stream to wait on
+  std::atomic<bool> ready{false};
+};
+#endif
+
 class DeviceSessionRings {
  public:
   DeviceSessionRings(uint32_t tx_slots, uint32_t rx_slots, uint64_t slot_bytes)
       : tx(tx_slots, slot_bytes), rx(rx_slots, slot_bytes) {}
   transport::DeviceRing tx, rx;
+#if defined(MUON_HAVE_NCCL)
+  std::shared_ptr<NcclSession> nccl;  // null on the cuda_ipc plane
+  NcclSession& joined() const {
+    if (!nccl->ready) throw InvalidArgument("the session's NCCL communicators are not joined yet");
+    return *nccl;
+  }
+#endif
 };
 
 void DeviceParamStateDeleter::operator()(DeviceParamState* p) const noexcept {
@@ -71,8 +95,11 @@ struct DevicePlane::Impl {
       : receive(c.priority),
         compute(c.priority),
         ret(c.priority),
+        host(c.priority),
         muon(DeviceMuonConfig{c.device, c.capture_graphs}) {}
-  DeviceStream receive, compute, ret;
+  // `host` carries the io thread's blocking copies (momentum, update read-back, fills): the
+  // receive and return streams wait on clients' events, and a host thread must not wait on them.
+  DeviceStream receive, compute, ret, host;
   DeviceMuon muon;  // the worker thread's only
 };
 
@@ -92,6 +119,7 @@ class DeviceContributionStore final : public ContributionStore {
   void write(size_t rank, int64_t at, const Contribution& values, int64_t first, int64_t n,
              bool add) override {
     if (n == 0) return;
+    MUON_CUDA_CHECK(cudaSetDevice(device_));
     const size_t esize = values.dtype == TileDType::bf16 ? 2 : 4;
     const auto* src = static_cast<const std::byte*>(values.data) + esize * first;
     if (!values.device) {  // a shared-memory slot: staged (the copy is done when this returns)
@@ -106,10 +134,14 @@ class DeviceContributionStore final : public ContributionStore {
     if (!values.device) MUON_CUDA_CHECK(cudaStreamSynchronize(stream_));  // staging reused next
   }
 
-  void fill_negative_zero(float* out, int64_t n) override { fill_device(out, n, -0.0f, stream_); }
+  void fill_negative_zero(float* out, int64_t n) override {
+    MUON_CUDA_CHECK(cudaSetDevice(device_));
+    fill_device(out, n, -0.0f, stream_);
+  }
 
   void read(size_t rank, int64_t at, float* out, int64_t n, bool add) override {
     if (n == 0) return;
+    MUON_CUDA_CHECK(cudaSetDevice(device_));
     const TileSource source{buffers_[rank].as<float>() + at, TileDType::f32};
     reduce_tiles({&source, 1}, out, n, add ? TileReduce::accumulate : TileReduce::assign, stream_);
   }
@@ -146,12 +178,16 @@ DeviceParamPtr DevicePlane::make_param(int64_t numel, bool momentum) {
   p->grad.reserve(f32_bytes(numel));
   p->update.reserve(f32_bytes(numel));
   p->status.reserve(sizeof(int));
-  MUON_CUDA_CHECK(cudaMemset(p->update.get(), 0, f32_bytes(numel)));
+  // On a stream of this plane and waited for: a legacy-stream memset would not be ordered
+  // before the non-blocking streams' first use (e.g. a restored momentum's upload).
+  const auto stream = impl_->host.get();
+  MUON_CUDA_CHECK(cudaMemsetAsync(p->update.get(), 0, f32_bytes(numel), stream));
   if (momentum) {
     p->momentum.reserve(f32_bytes(numel));
     p->backup.reserve(f32_bytes(numel));
-    MUON_CUDA_CHECK(cudaMemset(p->momentum.get(), 0, f32_bytes(numel)));
+    MUON_CUDA_CHECK(cudaMemsetAsync(p->momentum.get(), 0, f32_bytes(numel), stream));
   }
+  impl_->host.synchronize();
   return p;
 }
 
@@ -170,8 +206,8 @@ void DevicePlane::read_momentum(const DeviceParamState& param, int64_t offset, i
   if (!param.has_momentum) throw InvalidArgument("this parameter keeps no momentum");
   MUON_CUDA_CHECK(cudaSetDevice(config_.device));
   MUON_CUDA_CHECK(cudaMemcpyAsync(out, param.momentum.as<float>() + offset, f32_bytes(count),
-                                  cudaMemcpyDeviceToHost, impl_->receive.get()));
-  impl_->receive.synchronize();
+                                  cudaMemcpyDeviceToHost, impl_->host.get()));
+  impl_->host.synchronize();
 }
 
 void DevicePlane::write_momentum(DeviceParamState& param, int64_t offset, const float* in,
@@ -179,16 +215,16 @@ void DevicePlane::write_momentum(DeviceParamState& param, int64_t offset, const 
   if (!param.has_momentum) throw InvalidArgument("this parameter keeps no momentum");
   MUON_CUDA_CHECK(cudaSetDevice(config_.device));
   MUON_CUDA_CHECK(cudaMemcpyAsync(param.momentum.as<float>() + offset, in, f32_bytes(count),
-                                  cudaMemcpyHostToDevice, impl_->receive.get()));
-  impl_->receive.synchronize();
+                                  cudaMemcpyHostToDevice, impl_->host.get()));
+  impl_->host.synchronize();
 }
 
 void DevicePlane::read_update(const DeviceParamState& param, int64_t offset, int64_t count,
                               float* out) {
   MUON_CUDA_CHECK(cudaSetDevice(config_.device));
   MUON_CUDA_CHECK(cudaMemcpyAsync(out, param.update.as<float>() + offset, f32_bytes(count),
-                                  cudaMemcpyDeviceToHost, impl_->ret.get()));
-  impl_->ret.synchronize();
+                                  cudaMemcpyDeviceToHost, impl_->host.get()));
+  impl_->host.synchronize();
 }
 
 void DevicePlane::run(NsJob& job) {
@@ -225,12 +261,13 @@ void DevicePlane::run(NsJob& job) {
     MUON_CUDA_CHECK(
         cudaMemcpyAsync(&status, st.status.get(), sizeof(int), cudaMemcpyDeviceToHost, stream));
     impl_->compute.synchronize();
-  } catch (const InvalidArgument& e) {  // validated before anything was enqueued
-    refuse("bad_request", e.what());
-    return;
   } catch (const std::exception& e) {
-    refuse("backend", who + ": " + e.what());
-    if (keep) {  // a failed launch may have stepped the momentum: put it back
+    // An option refused inside the step (InvalidArgument) or a failed launch may come after the
+    // momentum kernel was enqueued: put the momentum back either way.
+    const bool bad_request = dynamic_cast<const InvalidArgument*>(&e) != nullptr;
+    refuse(bad_request ? "bad_request" : "backend",
+           bad_request ? std::string(e.what()) : who + ": " + e.what());
+    if (keep) {
       cudaMemcpyAsync(st.momentum.get(), st.backup.get(), f32_bytes(n), cudaMemcpyDeviceToDevice,
                       stream);
       cudaStreamSynchronize(stream);
@@ -239,10 +276,16 @@ void DevicePlane::run(NsJob& job) {
   }
   job.compute_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (status & kDeviceInputNonFinite) {  // momentum untouched, update zero (device_muon.hpp)
-    if (job.options.orthogonalize.nonfinite == NonFinitePolicy::skip) return;  // applied = false
+  if (status & kDeviceInputNonFinite) {  // update zero (device_muon.hpp)
+    // skip: applied = false, the momentum as the step left it (the host scheduler's too).
+    if (job.options.orthogonalize.nonfinite == NonFinitePolicy::skip) return;
+    if (keep) {  // a momentum step that overflowed is undone: a refused step changes nothing
+      MUON_CUDA_CHECK(cudaMemcpyAsync(st.momentum.get(), st.backup.get(), f32_bytes(n),
+                                      cudaMemcpyDeviceToDevice, stream));
+      impl_->compute.synchronize();
+    }
     refuse("non_finite", "matrix '" + job.name + "' " + job.shape.str() +
-                             ": input holds NaN or Inf; step refused");
+                             ": input holds NaN or Inf; step refused, momentum untouched");
     return;
   }
   if (status & kDeviceOutputNonFinite) {
@@ -279,21 +322,40 @@ const transport::DeviceRingDescriptor& DevicePlane::rx_descriptor(const DeviceSe
   return r.rx.descriptor();
 }
 
-const void* DevicePlane::begin_receive(DeviceSessionRings& rings, uint32_t slot) {
+const void* DevicePlane::begin_receive(DeviceSessionRings& rings, uint32_t slot, int64_t count,
+                                       transport::DType dtype) {
   MUON_CUDA_CHECK(cudaSetDevice(config_.device));
+#if defined(MUON_HAVE_NCCL)
+  if (rings.nccl) {  // the client's ncclSend of this chunk, posted in push order
+    auto& n = rings.joined();
+    const auto stream = n.recv_stream->get();
+    rings.tx.wait_free(slot, stream);  // the previous chunk of the slot was reduced
+    const transport::RecvTile tile{
+        rings.tx.slot(slot), static_cast<size_t>(count),
+        dtype == transport::DType::bf16 ? TileDType::bf16 : TileDType::f32};
+    n.tx_comm->recv(1, {&tile, 1}, stream);
+    rings.tx.mark_ready(slot, stream);
+  }
+#else
+  (void)count;
+  (void)dtype;
+#endif
   rings.tx.wait_ready(slot, impl_->receive.get());
   return rings.tx.slot(slot);
 }
 
 void DevicePlane::end_receive(DeviceSessionRings& rings, uint32_t slot) {
+  MUON_CUDA_CHECK(cudaSetDevice(config_.device));
   rings.tx.mark_free(slot, impl_->receive.get());
 }
 
 void DevicePlane::read_tx_slot(DeviceSessionRings& rings, uint32_t slot, void* out, size_t bytes) {
   if (bytes > rings.tx.slot_bytes()) throw InvalidArgument("read past a receive slot");
-  MUON_CUDA_CHECK(cudaMemcpyAsync(out, rings.tx.slot(slot), bytes, cudaMemcpyDeviceToHost,
-                                  impl_->receive.get()));
-  impl_->receive.synchronize();
+  MUON_CUDA_CHECK(cudaSetDevice(config_.device));
+  const auto stream = impl_->host.get();  // waits for this client's write only
+  rings.tx.wait_ready(slot, stream);
+  MUON_CUDA_CHECK(cudaMemcpyAsync(out, rings.tx.slot(slot), bytes, cudaMemcpyDeviceToHost, stream));
+  impl_->host.synchronize();
 }
 
 void DevicePlane::send_update(DeviceSessionRings& rings, uint32_t slot,
@@ -305,9 +367,25 @@ void DevicePlane::send_update(DeviceSessionRings& rings, uint32_t slot,
                           std::to_string(offset + count) + ") does not fit a result slot");
   }
   MUON_CUDA_CHECK(cudaSetDevice(config_.device));
+  const float* src = param.update.as<float>() + offset;
+#if defined(MUON_HAVE_NCCL)
+  if (rings.nccl) {  // the client posts the matching ncclRecv when the update frame arrives
+    auto& n = rings.joined();
+    const auto stream = n.send_stream->get();
+    transport::SendTile tile{src, static_cast<size_t>(count), TileDType::f32};
+    if (dtype == transport::DType::bf16) {  // narrowed into the (local) result slot first
+      narrow_to_bf16_device(src, static_cast<uint16_t*>(rings.rx.slot(slot)), count, stream);
+      tile = {rings.rx.slot(slot), static_cast<size_t>(count), TileDType::bf16};
+    }
+    n.rx_comm->send(1, {&tile, 1}, stream);
+    // The next step may overwrite the update once this send is done (updates_enqueued).
+    MUON_CUDA_CHECK(cudaEventRecord(n.sent.e, stream));
+    MUON_CUDA_CHECK(cudaStreamWaitEvent(impl_->ret.get(), n.sent.e, 0));
+    return;
+  }
+#endif
   const auto stream = impl_->ret.get();
   rings.rx.wait_free(slot, stream);
-  const float* src = param.update.as<float>() + offset;
   if (dtype == transport::DType::f32) {
     MUON_CUDA_CHECK(
         cudaMemcpyAsync(rings.rx.slot(slot), src, bytes, cudaMemcpyDeviceToDevice, stream));
@@ -318,9 +396,25 @@ void DevicePlane::send_update(DeviceSessionRings& rings, uint32_t slot,
 }
 
 void DevicePlane::send_host(DeviceSessionRings& rings, uint32_t slot, const void* data,
-                            size_t bytes) {
+                            size_t bytes, transport::DType dtype) {
   if (bytes > rings.rx.slot_bytes()) throw InvalidArgument("host chunk larger than a result slot");
   MUON_CUDA_CHECK(cudaSetDevice(config_.device));
+#if defined(MUON_HAVE_NCCL)
+  if (rings.nccl) {
+    auto& n = rings.joined();
+    const auto stream = n.send_stream->get();
+    MUON_CUDA_CHECK(
+        cudaMemcpyAsync(rings.rx.slot(slot), data, bytes, cudaMemcpyHostToDevice, stream));
+    const size_t esize = transport::dtype_bytes(dtype);
+    const transport::SendTile tile{
+        rings.rx.slot(slot), bytes / esize,
+        dtype == transport::DType::bf16 ? TileDType::bf16 : TileDType::f32};
+    n.rx_comm->send(1, {&tile, 1}, stream);
+    return;
+  }
+#else
+  (void)dtype;
+#endif
   const auto stream = impl_->ret.get();
   rings.rx.wait_free(slot, stream);
   // From pageable memory: the runtime has staged the bytes when the call returns.
@@ -329,7 +423,69 @@ void DevicePlane::send_host(DeviceSessionRings& rings, uint32_t slot, const void
   rings.rx.mark_ready(slot, stream);
 }
 
+DeviceRingsPtr DevicePlane::make_nccl_session(uint32_t tx_slots, uint32_t rx_slots,
+                                              uint64_t slot_bytes) {
+#if defined(MUON_HAVE_NCCL)
+  MUON_CUDA_CHECK(cudaSetDevice(config_.device));
+  auto rings = make_session_rings(tx_slots, rx_slots, slot_bytes);
+  auto n = std::make_shared<NcclSession>();
+  n->tx_id = transport::new_nccl_id();
+  n->rx_id = transport::new_nccl_id();
+  n->recv_stream = std::make_unique<DeviceStream>(config_.priority);
+  n->send_stream = std::make_unique<DeviceStream>(config_.priority);
+  rings->nccl = std::move(n);
+  return rings;
+#else
+  (void)tx_slots;
+  (void)rx_slots;
+  (void)slot_bytes;
+  throw BackendUnavailable("data plane nccl: this server was built without NCCL");
+#endif
+}
+
+transport::NcclIdBytes DevicePlane::nccl_tx_id(const DeviceSessionRings& rings) {
+#if defined(MUON_HAVE_NCCL)
+  if (rings.nccl) return rings.nccl->tx_id;
+#endif
+  (void)rings;
+  throw InvalidArgument("not an nccl session");
+}
+
+transport::NcclIdBytes DevicePlane::nccl_rx_id(const DeviceSessionRings& rings) {
+#if defined(MUON_HAVE_NCCL)
+  if (rings.nccl) return rings.nccl->rx_id;
+#endif
+  (void)rings;
+  throw InvalidArgument("not an nccl session");
+}
+
+void DevicePlane::join_nccl(const DeviceRingsPtr& rings, std::chrono::milliseconds timeout,
+                            std::function<void(const std::string& error)> done) {
+#if defined(MUON_HAVE_NCCL)
+  if (!rings || !rings->nccl) throw InvalidArgument("not an nccl session");
+  // The thread holds the NCCL state, not the rings: a session closed meanwhile frees its rings;
+  // the communicators go when the thread is done with them.
+  std::thread([n = rings->nccl, device = config_.device, timeout, done = std::move(done)] {
+    try {
+      MUON_CUDA_CHECK(cudaSetDevice(device));
+      n->tx_comm = std::make_unique<transport::NcclComm>(n->tx_id, 2, 0, timeout);
+      n->rx_comm = std::make_unique<transport::NcclComm>(n->rx_id, 2, 0, timeout);
+      n->ready = true;
+      done("");
+    } catch (const std::exception& e) {
+      done(e.what());
+    }
+  }).detach();
+#else
+  (void)rings;
+  (void)timeout;
+  (void)done;
+  throw BackendUnavailable("data plane nccl: this server was built without NCCL");
+#endif
+}
+
 void DevicePlane::updates_enqueued(DeviceParamState& param) {
+  MUON_CUDA_CHECK(cudaSetDevice(config_.device));
   MUON_CUDA_CHECK(cudaEventRecord(param.released.e, impl_->ret.get()));
 }
 

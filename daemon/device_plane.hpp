@@ -1,7 +1,9 @@
 // The server's GPU data plane: everything a parameter's step touches lives in device memory of
 // the server's GPU. Per parameter: each contributing rank's fp32 buffer (ContributionStore), the
 // reduced gradient, the fp32 momentum, the update. Per session on the cuda_ipc plane: a receive
-// ring and a result ring exported over CUDA IPC (transport/cuda_ipc.hpp). Three streams:
+// ring and a result ring exported over CUDA IPC (transport/cuda_ipc.hpp); on the nccl plane the
+// same rings stay local and are filled and drained by ncclRecv/ncclSend on two session streams
+// (two 2-rank communicators, transport/nccl_comm.hpp). Three plane-wide streams:
 //   receive  waits each gradient slot's `ready` event, reduces it into the rank's buffer
 //            (kernels/tile_reduce), records the slot's `free` event; at a step's last commit,
 //            reduces the ranks in ascending order into the gradient and records `grad_ready`;
@@ -9,9 +11,14 @@
 //            the Muon step (kernels/device_muon.hpp: momentum, Newton-Schulz, scale);
 //   return   waits each result slot's `free` event, copies (or narrows to bf16) the client's
 //            part of the update into it, records `ready`; then `released` for the parameter.
-// The control plane's credits say who may use which slot; the events only order GPU work, so no
-// thread ever waits on a client's GPU. Sessions on the shm plane are served too: their host
-// slots are staged through the receive stream, their updates read back to the host.
+// The control plane's credits say who may use which slot; the events only order GPU work. The
+// io thread's blocking copies (momentum, update read-back, fills) run on a fourth stream that
+// waits on nothing of a client's, with three exceptions that wait on GPU work of clients: a
+// momentum load waits for that client's write of its slot; a chunk of a shm session is staged
+// through the receive stream and waits for it (so shm ranks on a GPU server are paced by the
+// cuda_ipc ranks' pushes queued before theirs); a result chunk that waited for a credit is
+// written from host memory behind the return stream. Sessions on the shm plane are served: their
+// host slots staged, their updates read back to the host once per step.
 // The reduction order and grouping are the host's (daemon/step_reducer.hpp), so the reduced
 // gradient is bitwise the CPU server's; the Newton-Schulz is the CUDA backend's.
 //
@@ -19,8 +26,10 @@
 // BackendUnavailable (daemon/device_plane_none.cpp).
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -28,6 +37,7 @@
 #include "kernels/device_stream.hpp"
 #include "transport/cuda_ipc_handle.hpp"
 #include "transport/messages.hpp"
+#include "transport/nccl_id.hpp"
 
 namespace muon::daemon {
 
@@ -97,9 +107,12 @@ class DevicePlane {
   DeviceRingsPtr make_session_rings(uint32_t tx_slots, uint32_t rx_slots, uint64_t slot_bytes);
   static const transport::DeviceRingDescriptor& tx_descriptor(const DeviceSessionRings& rings);
   static const transport::DeviceRingDescriptor& rx_descriptor(const DeviceSessionRings& rings);
-  /// Orders the receive stream after the client's write of tx slot `slot`; returns the slot's
-  /// device address (a Contribution's data). Pair with end_receive, also when the push fails.
-  const void* begin_receive(DeviceSessionRings& rings, uint32_t slot);
+  /// Orders the receive stream after the client's write of tx slot `slot` (cuda_ipc: its ready
+  /// event; nccl: first posts the matching ncclRecv of `count` elements of `dtype` into the slot
+  /// on the session's stream); returns the slot's device address (a Contribution's data). Pair
+  /// with end_receive, also when the push fails.
+  const void* begin_receive(DeviceSessionRings& rings, uint32_t slot, int64_t count,
+                            transport::DType dtype);
   /// Records the slot's free event after the work enqueued since begin_receive.
   void end_receive(DeviceSessionRings& rings, uint32_t slot);
   /// Copies `bytes` of tx slot `slot` to host memory (blocking; momentum loads).
@@ -109,9 +122,22 @@ class DevicePlane {
   /// slot's ready event. Returns without waiting.
   void send_update(DeviceSessionRings& rings, uint32_t slot, const DeviceParamState& param,
                    int64_t offset, int64_t count, transport::DType dtype);
-  /// The same for host bytes (chunks that waited for a credit, momentum of state_fetch): copied
-  /// before it returns, so `data` may go.
-  void send_host(DeviceSessionRings& rings, uint32_t slot, const void* data, size_t bytes);
+  /// The same for host bytes (chunks that waited for a credit, momentum of state_fetch) of
+  /// elements of `dtype`: copied before it returns, so `data` may go.
+  void send_host(DeviceSessionRings& rings, uint32_t slot, const void* data, size_t bytes,
+                 transport::DType dtype);
+  // ---- sessions on the nccl plane (io thread) -----------------------------------------------
+  /// Rings as above (local to this process) plus two fresh ncclUniqueIds: tx (gradients, client
+  /// -> server) and rx (updates). Throws BackendUnavailable when the build has no NCCL.
+  DeviceRingsPtr make_nccl_session(uint32_t tx_slots, uint32_t rx_slots, uint64_t slot_bytes);
+  static transport::NcclIdBytes nccl_tx_id(const DeviceSessionRings& rings);
+  static transport::NcclIdBytes nccl_rx_id(const DeviceSessionRings& rings);
+  /// Joins both communicators as rank 0 (tx, then rx, as the client does) on a thread of its
+  /// own, waiting up to `timeout` for the client, then calls `done` on that thread with "" or
+  /// the error. Data-plane calls on the session before `done("")` throw InvalidArgument.
+  void join_nccl(const DeviceRingsPtr& rings, std::chrono::milliseconds timeout,
+                 std::function<void(const std::string& error)> done);
+
   /// Every copy of the parameter's current update is enqueued: its next step may overwrite it
   /// once the return stream passed them (records `released`).
   void updates_enqueued(DeviceParamState& param);

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
+#include "transport/auth_token.hpp"
 #include "transport/bf16.hpp"
 
 namespace muon::daemon {
@@ -130,8 +131,10 @@ void Engine::broadcast(const Param& p, const ErrorMsg& error, int except_rank) {
 void Engine::on_frame(const SessionPtr& s, Frame f) {
   const auto type = static_cast<MessageType>(f.type);
   try {
+    // Before hello only health answers, and status on the Unix socket (uid-checked); a TCP peer
+    // must say hello with the token first.
     if (type != MessageType::hello && type != MessageType::health && s->rank < 0 &&
-        type != MessageType::status) {
+        (type != MessageType::status || s->tcp)) {
       throw transport::ProtocolError(transport::message_type_name(f.type) +
                                      " before hello: say hello first");
     }
@@ -216,13 +219,26 @@ void Engine::on_hello(const SessionPtr& s, const Frame& f) {
                                    " is already connected (session " + std::to_string(other->id()) +
                                    ")");
   }
+  if (s->tcp &&
+      (config_.auth_token.empty() || !transport::tokens_equal(m.token, config_.auth_token))) {
+    log()->warn("session {}: refused a TCP hello of rank {}: wrong or missing token", s->id(),
+                m.rank);
+    reply_error(s,
+                {"unauthorized", "hello over TCP needs the server's token (--auth-token-file)", "",
+                 -1, m.rank},
+                f.request_id);
+    s->close("unauthorized");
+    return;
+  }
   transport::HelloOk ok;
-  if (m.data_plane == transport::DataPlane::cuda_ipc) {
+  if (m.data_plane != transport::DataPlane::shm) {
+    const char* plane = transport::data_plane_name(m.data_plane);
     if (!device_) {
       reply_error(s,
                   {"unsupported",
-                   "data plane cuda_ipc needs a server on the CUDA backend with its GPU data plane "
-                   "(this one runs the " +
+                   std::string("data plane ") + plane +
+                       " needs a server on the CUDA backend with its GPU data plane (this one "
+                       "runs the " +
                        std::string(scheduler_.backend().name()) + " backend" +
                        (config_.host_staging ? " with --host-staging" : "") +
                        "); connect with data plane shm",
@@ -231,15 +247,45 @@ void Engine::on_hello(const SessionPtr& s, const Frame& f) {
       return;
     }
     const auto& l = config_.layout;
-    auto rings = device_->make_session_rings(l.tx_slots, l.rx_slots, l.slot_bytes);
-    s->use_device_rings(
-        rings, l.rx_slots,
-        [dev = device_.get(), rings](uint32_t slot, const std::vector<std::byte>& d) {
-          dev->send_host(*rings, slot, d.data(), d.size());
+    DeviceRingsPtr rings;
+    try {
+      rings = m.data_plane == transport::DataPlane::nccl
+                  ? device_->make_nccl_session(l.tx_slots, l.rx_slots, l.slot_bytes)
+                  : device_->make_session_rings(l.tx_slots, l.rx_slots, l.slot_bytes);
+    } catch (const BackendUnavailable& e) {
+      reply_error(s, {"unsupported", e.message(), "", -1, m.rank}, f.request_id);
+      return;
+    }
+    // Chunks that waited for a credit: their element size says their dtype (2: bf16).
+    s->use_device_rings(rings, l.rx_slots,
+                        [dev = device_.get(), rings](uint32_t slot, const transport::Update& u,
+                                                     const std::vector<std::byte>& d) {
+                          const bool bf16 = d.size() == 2 * static_cast<size_t>(u.count);
+                          dev->send_host(*rings, slot, d.data(), d.size(),
+                                         bf16 ? DType::bf16 : DType::f32);
+                        });
+    ok.data_plane = m.data_plane;
+    if (m.data_plane == transport::DataPlane::nccl) {
+      ok.nccl_tx_id = DevicePlane::nccl_tx_id(*rings);
+      ok.nccl_rx_id = DevicePlane::nccl_rx_id(*rings);
+      // The client joins both communicators once it has the ids; one that does not within the
+      // step timeout is dropped.
+      std::weak_ptr<Session> weak = s;
+      device_->join_nccl(rings, config_.step_timeout, [this, weak](const std::string& error) {
+        if (error.empty()) return;
+        asio::post(io_, [weak, error] {
+          if (auto ss = weak.lock()) {
+            log()->warn("session {}: NCCL join failed: {}", ss->id(), error);
+            ss->send_error({"nccl", "joining the session's NCCL communicators failed: " + error, "",
+                            -1, ss->rank});
+            ss->close("nccl join failed");
+          }
         });
-    ok.data_plane = transport::DataPlane::cuda_ipc;
-    ok.tx_ring = DevicePlane::tx_descriptor(*rings);
-    ok.rx_ring = DevicePlane::rx_descriptor(*rings);
+      });
+    } else {
+      ok.tx_ring = DevicePlane::tx_descriptor(*rings);
+      ok.rx_ring = DevicePlane::rx_descriptor(*rings);
+    }
   } else {
     s->segment.emplace(transport::ShmSegment::create(config_.layout));
     ok.shm_name = s->segment->name();
@@ -469,7 +515,7 @@ void Engine::on_push(const SessionPtr& s, const Frame& f) {
     }
     const size_t bytes = static_cast<size_t>(m.count) * transport::dtype_bytes(dt);
     if (s->device_rings) {  // GPU data plane: the slot is device memory of this server
-      const void* slot = device_->begin_receive(*s->device_rings, m.slot);
+      const void* slot = device_->begin_receive(*s->device_rings, m.slot, m.count, dt);
       if (m.kind == transport::ChunkKind::gradient) {
         check_gradient_step(m, p);
         start_gathering(s, m, p);

@@ -59,6 +59,8 @@ class Engine {
   /// The server's metrics; refresh_metrics() sets their state gauges (call before rendering).
   Metrics& metrics() { return metrics_; }
   void refresh_metrics();
+  /// The token TCP sessions must send in their hello (set by the Server from --auth-token-file).
+  void set_auth_token(std::string token) { config_.auth_token = std::move(token); }
   /// Where the metrics endpoint listens (for status), "" when there is none.
   void set_metrics_url(std::string url) { metrics_url_ = std::move(url); }
 

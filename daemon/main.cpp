@@ -65,6 +65,12 @@ int main(int argc, char** argv) {
   app.add_option("--snapshot", config.snapshot_path,
                  "Snapshot file (safetensors) written at shutdown and on request");
   app.add_option("--restore", config.restore_path, "Snapshot to restore momentum from at start");
+  app.add_option("--listen", config.listen,
+                 "Also accept control connections over TCP at HOST:PORT (clients on other nodes; "
+                 "their data plane is nccl); needs --auth-token-file");
+  app.add_option("--auth-token-file", config.auth_token_file,
+                 "Shared secret TCP clients must send in their hello (a file only its owner can "
+                 "read)");
   app.add_flag("--allow-other-users", config.allow_other_users,
                "Accept clients of other uids (default: only this uid)");
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")

@@ -6,6 +6,7 @@
 
 #include "core/error.hpp"
 #include "daemon/socket_security.hpp"
+#include "transport/auth_token.hpp"
 
 namespace muon::daemon {
 
@@ -29,8 +30,10 @@ ServerConfig with_defaults(ServerConfig c) {
 Server::Server(ServerConfig config)
     : config_(with_defaults(std::move(config))),
       acceptor_(io_),
+      tcp_acceptor_(io_),
       signals_(io_, SIGINT, SIGTERM),
-      accept_retry_(io_) {
+      accept_retry_(io_),
+      tcp_accept_retry_(io_) {
   BackendConfig bc;
   bc.cpu_threads = config_.cpu_threads;
   bc.cuda_device = config_.cuda_device;
@@ -57,11 +60,50 @@ Server::Server(ServerConfig config)
   }
   ::umask(old_mask);
   ::chmod(config_.socket_path.c_str(), 0600);
+  if (!config_.listen.empty()) listen_tcp();
+}
+
+void Server::listen_tcp() {
+  if (config_.auth_token_file.empty()) {
+    throw Error("--listen " + config_.listen +
+                " needs --auth-token-file: a TCP peer has no uid to check, so clients prove "
+                "themselves with a shared token");
+  }
+  try {
+    config_.auth_token = transport::read_auth_token(config_.auth_token_file);
+  } catch (const InvalidArgument& e) {
+    throw Error(e.message());
+  }
+  engine_->set_auth_token(config_.auth_token);
+  const auto colon = config_.listen.rfind(':');
+  std::string host = colon == std::string::npos ? "" : config_.listen.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  const std::string port = colon == std::string::npos ? "" : config_.listen.substr(colon + 1);
+  try {
+    asio::ip::tcp::resolver resolver(io_);
+    const auto results = resolver.resolve(host, port, asio::ip::tcp::resolver::passive);
+    const auto endpoint = results.begin()->endpoint();
+    tcp_acceptor_.open(endpoint.protocol());
+    tcp_acceptor_.set_option(asio::ip::tcp::acceptor::reuse_address(true));
+    tcp_acceptor_.bind(endpoint);
+    tcp_acceptor_.listen();
+  } catch (const boost::system::system_error& e) {
+    throw Error("cannot listen on TCP '" + config_.listen + "' (expected HOST:PORT): " + e.what());
+  }
+}
+
+uint16_t Server::tcp_port() const {
+  boost::system::error_code ec;
+  const auto ep = tcp_acceptor_.local_endpoint(ec);
+  return ec ? 0 : ep.port();
 }
 
 Server::~Server() {
   boost::system::error_code ignored;
   acceptor_.close(ignored);
+  tcp_acceptor_.close(ignored);
   ::unlink(config_.socket_path.c_str());
 }
 
@@ -71,6 +113,10 @@ void Server::run() {
   });
   accept_next();
   log()->info("listening on {}", config_.socket_path);
+  if (tcp_acceptor_.is_open()) {
+    accept_next_tcp();
+    log()->info("listening on tcp {} (port {}; token-checked)", config_.listen, tcp_port());
+  }
   if (metrics_) {
     metrics_->start();
     log()->info("metrics on {}", metrics_->url());
@@ -84,19 +130,24 @@ void Server::stop() {
   asio::post(io_, [this] { begin_shutdown("stop requested"); });
 }
 
+void Server::retry_accept(boost::asio::steady_timer& timer, const boost::system::error_code& ec,
+                          std::function<void()> again) {
+  const auto now = std::chrono::steady_clock::now();
+  if (now - last_accept_warning_ > std::chrono::seconds(10)) {
+    log()->warn("accept failed: {} (retrying every 100 ms)", ec.message());
+    last_accept_warning_ = now;
+  }
+  timer.expires_after(std::chrono::milliseconds(100));
+  timer.async_wait([this, again = std::move(again)](boost::system::error_code wec) {
+    if (!wec && !shutting_down_) again();
+  });
+}
+
 void Server::accept_next() {
   acceptor_.async_accept([this](boost::system::error_code ec, local::socket socket) {
     if (ec) {
       if (ec == asio::error::operation_aborted || shutting_down_) return;
-      const auto now = std::chrono::steady_clock::now();
-      if (now - last_accept_warning_ > std::chrono::seconds(10)) {
-        log()->warn("accept failed: {} (retrying every 100 ms)", ec.message());
-        last_accept_warning_ = now;
-      }
-      accept_retry_.expires_after(std::chrono::milliseconds(100));
-      accept_retry_.async_wait([this](boost::system::error_code wec) {
-        if (!wec && !shutting_down_) accept_next();
-      });
+      retry_accept(accept_retry_, ec, [this] { accept_next(); });
       return;
     }
     try {
@@ -114,18 +165,35 @@ void Server::accept_next() {
       accept_next();
       return;
     }
-    auto session = std::make_shared<Session>(
-        std::move(socket), next_session_++,
-        [this](const Engine::SessionPtr& s, transport::Frame f) {
-          engine_->on_frame(s, std::move(f));
-        },
-        [this](const Engine::SessionPtr& s, const std::string& why) {
-          engine_->on_closed(s, why);
-        });
-    engine_->add_session(session);
-    session->start();
+    start_session(Session::Socket(std::move(socket)), false);
     accept_next();
   });
+}
+
+void Server::accept_next_tcp() {
+  tcp_acceptor_.async_accept([this](boost::system::error_code ec, asio::ip::tcp::socket socket) {
+    if (ec) {
+      if (ec == asio::error::operation_aborted || shutting_down_) return;
+      retry_accept(tcp_accept_retry_, ec, [this] { accept_next_tcp(); });
+      return;
+    }
+    boost::system::error_code ignored;
+    socket.set_option(asio::ip::tcp::no_delay(true), ignored);
+    start_session(Session::Socket(std::move(socket)), true);
+    accept_next_tcp();
+  });
+}
+
+void Server::start_session(Session::Socket socket, bool tcp) {
+  auto session = std::make_shared<Session>(
+      std::move(socket), next_session_++,
+      [this](const Engine::SessionPtr& s, transport::Frame f) {
+        engine_->on_frame(s, std::move(f));
+      },
+      [this](const Engine::SessionPtr& s, const std::string& why) { engine_->on_closed(s, why); });
+  session->tcp = tcp;
+  engine_->add_session(session);
+  session->start();
 }
 
 void Server::begin_shutdown(const std::string& why) {
@@ -134,7 +202,9 @@ void Server::begin_shutdown(const std::string& why) {
   log()->info("shutting down ({}): no new connections, finishing work in flight", why);
   boost::system::error_code ignored;
   acceptor_.close(ignored);
+  tcp_acceptor_.close(ignored);
   accept_retry_.cancel();
+  tcp_accept_retry_.cancel();
   signals_.cancel(ignored);
   if (metrics_) metrics_->close();
   engine_->shutdown([] {});

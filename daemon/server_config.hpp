@@ -42,6 +42,14 @@ struct ServerConfig {
   std::string restore_path;
   /// Accept clients of another uid (default: only the server's own uid may connect).
   bool allow_other_users = false;
+  /// TCP control plane for clients on other nodes, "HOST:PORT" (e.g. "0.0.0.0:29600"); empty:
+  /// none. Needs auth_token_file: a TCP peer has no uid to check.
+  std::string listen;
+  /// File holding the shared secret TCP clients send in their hello (first line, surrounding
+  /// whitespace dropped, at least 16 bytes); it must not be readable by group or others.
+  std::string auth_token_file;
+  /// The token read from auth_token_file (the Server fills it in).
+  std::string auth_token;
   /// TCP port of the Prometheus endpoint (GET /metrics); 0: no endpoint.
   uint16_t metrics_port = 0;
   /// Address the metrics endpoint binds to (loopback by default: the metrics name parameters).

@@ -115,7 +115,7 @@ void Session::flush_chunks() {
     if (!slot) return;
     auto& [msg, data] = pending_.front();
     if (rx_writer_) {
-      rx_writer_(*slot, data);
+      rx_writer_(*slot, msg, data);
     } else {
       std::memcpy(segment->rx_slot(*slot), data.data(), data.size());
     }

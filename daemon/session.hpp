@@ -22,7 +22,8 @@ namespace muon::daemon {
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  using Socket = boost::asio::local::stream_protocol::socket;
+  /// A Unix-socket or TCP connection (transport/endpoint.hpp).
+  using Socket = boost::asio::generic::stream_protocol::socket;
   /// Called on the io thread for each complete frame.
   using FrameHandler = std::function<void(const std::shared_ptr<Session>&, transport::Frame)>;
   /// Called once when the connection ends (EOF, error, protocol violation or close()).
@@ -46,7 +47,8 @@ class Session : public std::enable_shared_from_this<Session> {
   bool send_chunk_direct(transport::Update msg, const std::function<void(uint32_t slot)>& write);
   /// Writes the bytes of chunks that waited for a credit into an rx slot (set for sessions whose
   /// rings are not host shared memory).
-  using RxWriter = std::function<void(uint32_t slot, const std::vector<std::byte>& data)>;
+  using RxWriter = std::function<void(uint32_t slot, const transport::Update& msg,
+                                      const std::vector<std::byte>& data)>;
   /// Makes this a GPU data plane session: its rings are `rings` (rx_slots result slots), chunks
   /// queued by send_chunk are written with `writer`.
   void use_device_rings(DeviceRingsPtr rings, uint32_t rx_slots, RxWriter writer);
@@ -60,6 +62,9 @@ class Session : public std::enable_shared_from_this<Session> {
   /// Set after `hello`.
   int rank = -1;
   int world_size = 0;
+  /// Accepted on the TCP listener: the hello must carry the server's token, and only health is
+  /// answered before it.
+  bool tcp = false;
   std::string client_name;
   std::optional<transport::ShmSegment> segment;
   /// The session's exported device rings (cuda_ipc data plane); null for shm sessions.

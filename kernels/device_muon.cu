@@ -260,6 +260,10 @@ void DeviceMuon::step(std::string_view matrix_name, const MatrixShape& shape, co
   momentum_kernel<<<grid_1d(n), kThreads, 0, stream>>>(mo.convention, mo.nesterov, mo.mu, grad,
                                                        momentum, update, n, impl_->input_bad());
   MUON_CUDA_CHECK(cudaGetLastError());
+  // As the host (Backend::orthogonalize checks its input): a Newton-Schulz input that overflowed
+  // in the momentum step (finite gradient, huge momentum) is non-finite input, not divergence.
+  check_finite<<<grid_1d(n), kThreads, 0, stream>>>(update, n, impl_->input_bad());
+  MUON_CUDA_CHECK(cudaGetLastError());
   impl_->orthogonalize(matrix_name, shape, update, update, options.orthogonalize, stream);
   impl_->finish(status, stream);
 }

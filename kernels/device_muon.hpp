@@ -32,8 +32,11 @@ struct DeviceMuonConfig {
 /// anything is enqueued), enqueues its work on `stream` and returns without waiting; results are
 /// ready when the stream reaches that point.
 ///
-/// Non-finite input is handled on the device, without a host round trip: the momentum is left
-/// untouched and the update is all zeros, and kDeviceInputNonFinite is ORed into *status. The
+/// Non-finite input is handled on the device, without a host round trip: the update is all
+/// zeros and kDeviceInputNonFinite is ORed into *status. A non-finite gradient leaves the momentum
+/// untouched; a finite gradient whose momentum step overflowed (the Newton-Schulz input is not
+/// finite, as the host's Backend::orthogonalize checks it) leaves the momentum stepped, as the
+/// host's muon_update does (the caller restores it when it refuses the step). The
 /// caller applies its NonFinitePolicy when it reads the status (error: raise NonFiniteError
 /// naming the matrix; skip: keep the zero update). kDeviceOutputNonFinite means Newton-Schulz
 /// diverged on finite input (a bf16 overflow): the CUDA backend's host API raises DeviceError

@@ -162,6 +162,9 @@ DeviceRing::DeviceRing(uint64_t slots, uint64_t slot_bytes) {
     const size_t bytes = slots * slot_bytes;
     MUON_CUDA_CHECK(cudaMalloc(&base_, bytes));
     MUON_CUDA_CHECK(cudaMemset(base_, 0, bytes));
+    // cudaMemset may return before it ran, on the legacy stream that non-blocking streams (the
+    // server's, a peer's) are not ordered after: wait for it.
+    MUON_CUDA_CHECK(cudaStreamSynchronize(nullptr));
     cudaIpcMemHandle_t mem;
     MUON_CUDA_CHECK(cudaIpcGetMemHandle(&mem, base_));
     descriptor_.memory = bytes_of(mem);

@@ -222,13 +222,21 @@ DType parse_dtype(const std::string& name) {
 }
 
 const char* data_plane_name(DataPlane d) {
-  return d == DataPlane::cuda_ipc ? "cuda_ipc" : "shm";
+  switch (d) {
+    case DataPlane::cuda_ipc:
+      return "cuda_ipc";
+    case DataPlane::nccl:
+      return "nccl";
+    default:
+      return "shm";
+  }
 }
 
 DataPlane parse_data_plane(const std::string& name) {
   if (name == "shm") return DataPlane::shm;
   if (name == "cuda_ipc") return DataPlane::cuda_ipc;
-  throw InvalidArgument("unknown data plane '" + name + "' (expected shm or cuda_ipc)");
+  if (name == "nccl") return DataPlane::nccl;
+  throw InvalidArgument("unknown data plane '" + name + "' (expected shm, cuda_ipc or nccl)");
 }
 
 std::string options_to_json(const MuonOptions& options) {
@@ -242,6 +250,7 @@ MuonOptions options_from_json(const std::string& s) {
 std::string encode(const Hello& m) {
   json j{{"rank", m.rank}, {"world_size", m.world_size}, {"client", m.client}};
   if (m.data_plane != DataPlane::shm) j["data_plane"] = data_plane_name(m.data_plane);
+  if (!m.token.empty()) j["token"] = m.token;
   return j.dump();
 }
 std::string encode(const HelloOk& m) {
@@ -251,6 +260,8 @@ std::string encode(const HelloOk& m) {
   if (m.data_plane != DataPlane::shm) j["data_plane"] = data_plane_name(m.data_plane);
   if (m.tx_ring) j["tx_ring"] = ring_descriptor_to_json(*m.tx_ring);
   if (m.rx_ring) j["rx_ring"] = ring_descriptor_to_json(*m.rx_ring);
+  if (m.nccl_tx_id) j["nccl_tx_id"] = nccl_id_to_hex(*m.nccl_tx_id);
+  if (m.nccl_rx_id) j["nccl_rx_id"] = nccl_id_to_hex(*m.nccl_rx_id);
   return j.dump();
 }
 std::string encode(const HealthOk& m) {
@@ -326,6 +337,7 @@ Hello decode<Hello>(const std::string& p) {
   m.rank = static_cast<int>(r.i64("rank", 0, m.world_size - 1));
   m.client = r.str_or("client", "");
   if (r.has("data_plane")) m.data_plane = r.parse_name("data_plane", parse_data_plane);
+  m.token = r.has("token") ? r.str("token", 256) : "";
   return m;
 }
 template <>
@@ -356,6 +368,17 @@ HelloOk decode<HelloOk>(const std::string& p) {
     };
     m.tx_ring = ring("tx_ring", m.tx_slots);
     m.rx_ring = ring("rx_ring", m.rx_slots);
+  }
+  if (m.data_plane == DataPlane::nccl) {
+    const auto id = [&](const char* name) {
+      try {
+        return nccl_id_from_hex(r.str(name, 2 * kNcclIdBytes));
+      } catch (const InvalidArgument& e) {
+        r.fail("field '" + std::string(name) + "': " + e.message());
+      }
+    };
+    m.nccl_tx_id = id("nccl_tx_id");
+    m.nccl_rx_id = id("nccl_rx_id");
   }
   return m;
 }

@@ -11,6 +11,7 @@
 #include "kernels/muon_options.hpp"
 #include "transport/cuda_ipc_handle.hpp"
 #include "transport/frame.hpp"
+#include "transport/nccl_id.hpp"
 
 namespace muon::transport {
 
@@ -58,9 +59,13 @@ struct Range {
 ///             ring (transport/cuda_ipc.hpp), the client copies into and out of them with
 ///             cudaMemcpyAsync on its own stream. Needs a server on the CUDA backend, on the same
 ///             node.
-enum class DataPlane : uint8_t { shm, cuda_ipc };
+///   nccl      NCCL point-to-point between the client's GPU and the server's (another node, or
+///             across an NVL72 domain): two communicators of 2 ranks per session (client ->
+///             server gradients, server -> client updates; server rank 0, client rank 1), their
+///             ids sent in hello_ok. Needs a server on the CUDA backend built with NCCL.
+enum class DataPlane : uint8_t { shm, cuda_ipc, nccl };
 const char* data_plane_name(DataPlane d);
-/// "shm" or "cuda_ipc"; throws InvalidArgument listing both otherwise.
+/// "shm", "cuda_ipc" or "nccl"; throws InvalidArgument listing them otherwise.
 DataPlane parse_data_plane(const std::string& name);
 
 /// What a data-plane chunk carries.
@@ -73,6 +78,9 @@ struct Hello {
   /// The data plane the client asks for (optional on the wire: absent = shm). A server that
   /// cannot serve it refuses the hello with an error saying why.
   DataPlane data_plane = DataPlane::shm;
+  /// The server's shared secret (--auth-token-file), required on a TCP control connection
+  /// (optional on the wire; ignored on a Unix socket, where peer credentials are checked).
+  std::string token;
 };
 
 struct HelloOk {
@@ -87,6 +95,9 @@ struct HelloOk {
   /// server), rx_ring returns updates; their slots and slot bytes equal the fields above.
   DataPlane data_plane = DataPlane::shm;
   std::optional<DeviceRingDescriptor> tx_ring, rx_ring;
+  /// For nccl: the ncclUniqueIds of the session's two communicators (server rank 0, client
+  /// rank 1): tx carries gradients to the server, rx updates back. The client joins tx, then rx.
+  std::optional<NcclIdBytes> nccl_tx_id, nccl_rx_id;
 };
 
 struct HealthOk {

@@ -27,8 +27,11 @@ class DeviceVector {
   size_t size() const { return count_; }
   size_t bytes() const { return count_ * sizeof(T); }
 
+  /// Copies `host` in and waits until the bytes are on the device: a pageable cudaMemcpy may
+  /// return once they are staged, and work on a non-blocking stream is not ordered after it.
   void upload(const std::vector<T>& host) {
     MUON_CUDA_CHECK(cudaMemcpy(ptr_, host.data(), bytes(), cudaMemcpyHostToDevice));
+    MUON_CUDA_CHECK(cudaDeviceSynchronize());
   }
   /// Waits for all work on the device, then copies back.
   std::vector<T> download() const {
