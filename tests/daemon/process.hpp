@@ -2,6 +2,7 @@
 #pragma once
 
 #include <signal.h>
+#include <fcntl.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,15 +18,22 @@ extern char** environ;
 
 namespace muon::testing {
 
-/// Starts `argv[0]` with the arguments; stdout/stderr are inherited. Throws on failure.
-inline pid_t spawn(const std::vector<std::string>& argv) {
+/// Starts `argv[0]` with the arguments; stdout is inherited, stderr too unless `stderr_path`
+/// names a file to write it to. Throws on failure.
+inline pid_t spawn(const std::vector<std::string>& argv, const std::string& stderr_path = "") {
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
-  pid_t pid = 0;
-  if (posix_spawn(&pid, args[0], nullptr, nullptr, args.data(), environ) != 0) {
-    throw std::runtime_error("cannot spawn " + argv[0]);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  if (!stderr_path.empty()) {
+    posix_spawn_file_actions_addopen(&actions, 2, stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                     0600);
   }
+  pid_t pid = 0;
+  const int rc = posix_spawn(&pid, args[0], &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) throw std::runtime_error("cannot spawn " + argv[0]);
   return pid;
 }
 

@@ -321,6 +321,114 @@ TEST(ServerIntegration, MalformedFramesHurtOnlyTheirSender) {
   fs::remove_all(dir);
 }
 
+namespace {
+
+// A TCP port nobody listens on right now (bound to port 0, then released).
+uint16_t free_tcp_port() {
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::acceptor a(io, {boost::asio::ip::make_address("127.0.0.1"), 0});
+  return a.local_endpoint().port();
+}
+
+// One frame over TCP to 127.0.0.1:port and the first frame back; nullopt when the server closed
+// the connection without one.
+std::optional<transport::Frame> tcp_roundtrip(uint16_t port,
+                                              const std::vector<std::vector<std::byte>>& frames) {
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::socket s(io);
+  s.connect({boost::asio::ip::make_address("127.0.0.1"), port});
+  for (const auto& f : frames) boost::asio::write(s, boost::asio::buffer(f));
+  transport::FrameDecoder dec;
+  std::array<std::byte, 4096> buf;
+  boost::system::error_code ec;
+  for (;;) {
+    const size_t n = s.read_some(boost::asio::buffer(buf), ec);
+    if (ec) return std::nullopt;
+    dec.feed(buf.data(), n);
+    if (auto f = dec.next()) return *f;
+  }
+}
+
+std::string write_token(const fs::path& dir, const std::string& token, fs::perms perms) {
+  const auto path = dir / "token";
+  std::ofstream(path) << token << "\n";
+  fs::permissions(path, perms);
+  return path.string();
+}
+
+}  // namespace
+
+// The TCP control plane admits only a hello with the server's token: a wrong or missing token is
+// answered "unauthorized" and the connection closed; nothing but health answers before hello
+// (status names parameters); the right token gets hello_ok (shm on this host).
+TEST(ServerIntegration, TcpControlPlaneNeedsTheToken) {
+  const auto dir = temp_dir();
+  const std::string token = "0123456789abcdef-secret";
+  const auto file = write_token(dir, token, fs::perms::owner_read | fs::perms::owner_write);
+  const uint16_t port = free_tcp_port();
+  ServerProcess server(dir, {"--listen", "127.0.0.1:" + std::to_string(port), "--auth-token-file",
+                             file});
+  using transport::MessageType;
+  const auto frame = [](MessageType t, const std::string& payload) {
+    return transport::encode_frame({static_cast<uint16_t>(t), 7, payload});
+  };
+  const auto expect_refused = [&](const std::string& hello, const std::string& needle) {
+    auto f = tcp_roundtrip(port, {frame(MessageType::hello, hello)});
+    ASSERT_TRUE(f.has_value());
+    ASSERT_EQ(f->type, static_cast<uint16_t>(MessageType::error)) << f->payload;
+    const auto e = transport::decode<transport::ErrorMsg>(f->payload);
+    EXPECT_EQ(e.code, "unauthorized");
+    EXPECT_NE(e.message.find(needle), std::string::npos) << e.message;
+  };
+  expect_refused(R"({"rank": 0, "world_size": 1})", "token");
+  expect_refused(R"({"rank": 0, "world_size": 1, "token": "0123456789abcdef-secreT"})", "token");
+  // status before hello: refused over TCP (it names parameters), answered on the Unix socket.
+  auto st = tcp_roundtrip(port, {frame(MessageType::status, "{}")});
+  ASSERT_TRUE(st.has_value());
+  EXPECT_EQ(st->type, static_cast<uint16_t>(MessageType::error));
+  EXPECT_EQ(ServerProcess::roundtrip(server.socket(), frame(MessageType::status, "{}")).type,
+            static_cast<uint16_t>(MessageType::status_ok));
+  // health answers; the right token gets a session.
+  auto h = tcp_roundtrip(port, {frame(MessageType::health, "{}")});
+  ASSERT_TRUE(h.has_value());
+  EXPECT_EQ(h->type, static_cast<uint16_t>(MessageType::health_ok));
+  auto ok = tcp_roundtrip(
+      port, {frame(MessageType::hello,
+                   R"({"rank": 0, "world_size": 1, "token": ")" + token + R"("})")});
+  ASSERT_TRUE(ok.has_value());
+  ASSERT_EQ(ok->type, static_cast<uint16_t>(MessageType::hello_ok)) << ok->payload;
+  EXPECT_EQ(transport::decode<transport::HelloOk>(ok->payload).data_plane,
+            transport::DataPlane::shm);
+  fs::remove_all(dir);
+}
+
+// --listen without a token file, or with one others can read, is refused at start with the
+// reason; nothing listens.
+TEST(ServerIntegration, TcpControlPlaneRefusesToStartWithoutAPrivateToken) {
+  const auto dir = temp_dir();
+  const std::string listen = "127.0.0.1:" + std::to_string(free_tcp_port());
+  const auto run = [&](std::vector<std::string> extra) {
+    std::vector<std::string> argv = {MUON_OFFLOADD, "--socket", (dir / "t.sock").string(),
+                                     "--log-level", "warn"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    const auto err = dir / "stderr.txt";
+    const pid_t pid = spawn(argv, err.string());
+    const auto rc = wait_exit(pid, 20s);
+    std::ifstream f(err);
+    return std::make_pair(rc, std::string(std::istreambuf_iterator<char>(f), {}));
+  };
+  auto [rc1, err1] = run({"--listen", listen});
+  EXPECT_EQ(rc1, 1);
+  EXPECT_NE(err1.find("needs --auth-token-file"), std::string::npos) << err1;
+  const auto open_file = write_token(dir, "0123456789abcdef-secret",
+                                     fs::perms::owner_read | fs::perms::owner_write |
+                                         fs::perms::others_read);
+  auto [rc2, err2] = run({"--listen", listen, "--auth-token-file", open_file});
+  EXPECT_EQ(rc2, 1);
+  EXPECT_NE(err2.find("group or others"), std::string::npos) << err2;
+  fs::remove_all(dir);
+}
+
 TEST(ServerIntegration, SocketIsPrivate) {
   const auto dir = temp_dir();
   const auto sock_dir = dir / "run";
