@@ -1,8 +1,8 @@
 // Real child processes for the integration tests: spawn, wait with a deadline, kill.
 #pragma once
 
-#include <signal.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>

@@ -366,8 +366,8 @@ TEST(ServerIntegration, TcpControlPlaneNeedsTheToken) {
   const std::string token = "0123456789abcdef-secret";
   const auto file = write_token(dir, token, fs::perms::owner_read | fs::perms::owner_write);
   const uint16_t port = free_tcp_port();
-  ServerProcess server(dir, {"--listen", "127.0.0.1:" + std::to_string(port), "--auth-token-file",
-                             file});
+  ServerProcess server(
+      dir, {"--listen", "127.0.0.1:" + std::to_string(port), "--auth-token-file", file});
   using transport::MessageType;
   const auto frame = [](MessageType t, const std::string& payload) {
     return transport::encode_frame({static_cast<uint16_t>(t), 7, payload});
@@ -393,8 +393,8 @@ TEST(ServerIntegration, TcpControlPlaneNeedsTheToken) {
   ASSERT_TRUE(h.has_value());
   EXPECT_EQ(h->type, static_cast<uint16_t>(MessageType::health_ok));
   auto ok = tcp_roundtrip(
-      port, {frame(MessageType::hello,
-                   R"({"rank": 0, "world_size": 1, "token": ")" + token + R"("})")});
+      port,
+      {frame(MessageType::hello, R"({"rank": 0, "world_size": 1, "token": ")" + token + R"("})")});
   ASSERT_TRUE(ok.has_value());
   ASSERT_EQ(ok->type, static_cast<uint16_t>(MessageType::hello_ok)) << ok->payload;
   EXPECT_EQ(transport::decode<transport::HelloOk>(ok->payload).data_plane,
@@ -420,9 +420,9 @@ TEST(ServerIntegration, TcpControlPlaneRefusesToStartWithoutAPrivateToken) {
   auto [rc1, err1] = run({"--listen", listen});
   EXPECT_EQ(rc1, 1);
   EXPECT_NE(err1.find("needs --auth-token-file"), std::string::npos) << err1;
-  const auto open_file = write_token(dir, "0123456789abcdef-secret",
-                                     fs::perms::owner_read | fs::perms::owner_write |
-                                         fs::perms::others_read);
+  const auto open_file =
+      write_token(dir, "0123456789abcdef-secret",
+                  fs::perms::owner_read | fs::perms::owner_write | fs::perms::others_read);
   auto [rc2, err2] = run({"--listen", listen, "--auth-token-file", open_file});
   EXPECT_EQ(rc2, 1);
   EXPECT_NE(err2.find("group or others"), std::string::npos) << err2;

@@ -1,0 +1,108 @@
+// The credit logic the GPU data plane's result rings share with shared memory, on the CPU: a
+// session whose rings are device rings (use_device_rings) takes a chunk straight into a free
+// slot (send_chunk_direct, the device-to-device path) only while nothing waits before it; a
+// chunk without a credit waits as host bytes and is written through the session's rx writer,
+// in order, as update_acks return slots; every update frame names the slot its bytes went to.
+// A real Session on a real socket pair; the peer's side reads the frames.
+#include <gtest/gtest.h>
+
+#include "transport/asio.hpp"
+
+#include <array>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "daemon/session.hpp"
+#include "transport/frame.hpp"
+#include "transport/messages.hpp"
+
+using namespace muon;
+using namespace muon::daemon;
+namespace asio = boost::asio;
+
+namespace {
+
+struct Peer {
+  asio::local::stream_protocol::socket socket;
+  transport::FrameDecoder decoder;
+  // Reads until `n` update frames arrived.
+  std::vector<transport::Update> read_updates(size_t n) {
+    std::vector<transport::Update> out;
+    std::array<std::byte, 4096> buf;
+    while (out.size() < n) {
+      while (auto f = decoder.next()) {
+        EXPECT_EQ(f->type, static_cast<uint16_t>(transport::MessageType::update));
+        out.push_back(transport::decode<transport::Update>(f->payload));
+      }
+      if (out.size() >= n) break;
+      const size_t got = socket.read_some(asio::buffer(buf));
+      decoder.feed(buf.data(), got);
+    }
+    return out;
+  }
+};
+
+transport::Update chunk(int64_t offset) {
+  transport::Update u;
+  u.name = "w";
+  u.step = 3;
+  u.offset = offset;
+  u.count = 2;
+  return u;
+}
+
+}  // namespace
+
+TEST(SessionRings, DirectWhileCreditsLastThenQueuedBytesInOrderThroughTheWriter) {
+  asio::io_context io;
+  asio::local::stream_protocol::socket server_side(io), client_side(io);
+  asio::local::connect_pair(server_side, client_side);
+  auto session = std::make_shared<Session>(
+      Session::Socket(std::move(server_side)), 1, [](const auto&, transport::Frame) {},
+      [](const auto&, const std::string&) {});
+  std::map<uint32_t, std::vector<std::byte>> written;  // what the writer put in each slot
+  std::vector<uint32_t> writes;
+  session->use_device_rings(
+      nullptr, 2,
+      [&](uint32_t slot, const transport::Update& u, const std::vector<std::byte>& data) {
+        EXPECT_EQ(data.size(), static_cast<size_t>(u.count) * 4);
+        written[slot] = data;
+        writes.push_back(slot);
+      });
+  std::vector<uint32_t> direct;
+  const auto write_direct = [&](uint32_t slot) { direct.push_back(slot); };
+  // Two credits: two chunks go straight to slots 0 and 1.
+  EXPECT_TRUE(session->send_chunk_direct(chunk(0), write_direct));
+  EXPECT_TRUE(session->send_chunk_direct(chunk(2), write_direct));
+  EXPECT_EQ(direct, (std::vector<uint32_t>{0, 1}));
+  // No credit left: refused; the caller queues host bytes instead.
+  EXPECT_FALSE(session->send_chunk_direct(chunk(4), write_direct));
+  session->send_chunk(chunk(4), std::vector<std::byte>(8, std::byte{4}));
+  session->send_chunk(chunk(6), std::vector<std::byte>(8, std::byte{6}));
+  // A chunk is waiting: a direct write would overtake it, so it is refused even with a credit.
+  session->release_rx_slot(1);  // slot 1 back: the first queued chunk takes it at once
+  EXPECT_EQ(writes, (std::vector<uint32_t>{1}));
+  EXPECT_EQ(written[1], std::vector<std::byte>(8, std::byte{4}));
+  EXPECT_FALSE(session->send_chunk_direct(chunk(8), write_direct));
+  session->release_rx_slot(0);
+  EXPECT_EQ(writes, (std::vector<uint32_t>{1, 0}));
+  EXPECT_EQ(written[0], std::vector<std::byte>(8, std::byte{6}));
+  EXPECT_EQ(session->pending_chunks(), 0u);
+  // Returning a slot that holds nothing is a protocol error.
+  session->release_rx_slot(1);
+  EXPECT_THROW(session->release_rx_slot(1), transport::ProtocolError);
+  // The frames the peer sees: offsets in order, each naming the slot its bytes are in.
+  io.run_for(std::chrono::milliseconds(200));
+  Peer peer{std::move(client_side), {}};
+  const auto updates = peer.read_updates(4);
+  ASSERT_EQ(updates.size(), 4u);
+  const std::vector<std::pair<int64_t, uint32_t>> expected = {{0, 0}, {2, 1}, {4, 1}, {6, 0}};
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(updates[i].offset, expected[i].first) << i;
+    EXPECT_EQ(updates[i].slot, expected[i].second) << i;
+  }
+  session->close("done");
+  io.run_for(std::chrono::milliseconds(50));
+}
