@@ -61,6 +61,7 @@ class DeviceParamState {
 // A session's NCCL side: the communicators and the streams their transfers run on (one per
 // direction: a communicator is used from one stream at a time). Shared with the joining thread.
 struct NcclSession {
+  int device = 0;
   transport::NcclIdBytes tx_id{}, rx_id{};
   std::unique_ptr<transport::NcclComm> tx_comm, rx_comm;  // set by the joining thread
   std::unique_ptr<DeviceStream> recv_stream, send_stream;
@@ -87,6 +88,18 @@ void DeviceParamStateDeleter::operator()(DeviceParamState* p) const noexcept {
   delete p;
 }
 void DeviceSessionRingsDeleter::operator()(DeviceSessionRings* p) const noexcept {
+#if defined(MUON_HAVE_NCCL)
+  if (p != nullptr && p->nccl) {
+    // Off the io thread, communicators first: destroying them ends (aborts, after a dead peer)
+    // the transfers still queued into the rings, which cudaFree would otherwise wait for.
+    std::thread([p] {
+      cudaSetDevice(p->nccl->device);
+      p->nccl.reset();
+      delete p;
+    }).detach();
+    return;
+  }
+#endif
   delete p;
 }
 
@@ -429,6 +442,7 @@ DeviceRingsPtr DevicePlane::make_nccl_session(uint32_t tx_slots, uint32_t rx_slo
   MUON_CUDA_CHECK(cudaSetDevice(config_.device));
   auto rings = make_session_rings(tx_slots, rx_slots, slot_bytes);
   auto n = std::make_shared<NcclSession>();
+  n->device = config_.device;
   n->tx_id = transport::new_nccl_id();
   n->rx_id = transport::new_nccl_id();
   n->recv_stream = std::make_unique<DeviceStream>(config_.priority);

@@ -56,7 +56,7 @@ const transport::DeviceRingDescriptor& DevicePlane::tx_descriptor(const DeviceSe
 const transport::DeviceRingDescriptor& DevicePlane::rx_descriptor(const DeviceSessionRings&) {
   unavailable();
 }
-const void* DevicePlane::begin_receive(DeviceSessionRings&, uint32_t) {
+const void* DevicePlane::begin_receive(DeviceSessionRings&, uint32_t, int64_t, transport::DType) {
   unavailable();
 }
 void DevicePlane::end_receive(DeviceSessionRings&, uint32_t) {
@@ -69,7 +69,20 @@ void DevicePlane::send_update(DeviceSessionRings&, uint32_t, const DeviceParamSt
                               int64_t, transport::DType) {
   unavailable();
 }
-void DevicePlane::send_host(DeviceSessionRings&, uint32_t, const void*, size_t) {
+void DevicePlane::send_host(DeviceSessionRings&, uint32_t, const void*, size_t, transport::DType) {
+  unavailable();
+}
+DeviceRingsPtr DevicePlane::make_nccl_session(uint32_t, uint32_t, uint64_t) {
+  unavailable();
+}
+transport::NcclIdBytes DevicePlane::nccl_tx_id(const DeviceSessionRings&) {
+  unavailable();
+}
+transport::NcclIdBytes DevicePlane::nccl_rx_id(const DeviceSessionRings&) {
+  unavailable();
+}
+void DevicePlane::join_nccl(const DeviceRingsPtr&, std::chrono::milliseconds,
+                            std::function<void(const std::string&)>) {
   unavailable();
 }
 void DevicePlane::updates_enqueued(DeviceParamState&) {
