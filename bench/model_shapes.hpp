@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace muon::bench {
 
@@ -25,6 +26,26 @@ inline constexpr ModelShape kModelShapes[] = {
     {"llama3_8b", "gate_proj,up_proj", 14336, 4096, true},
     {"llama3_8b", "down_proj", 4096, 14336, true},
 };
+
+/// One named Muon matrix of a model.
+struct NamedMatrix {
+  std::string name;
+  int64_t rows, cols;
+};
+
+/// GPT-2 small (124M): 12 blocks x (attn.c_attn 768x2304, attn.c_proj 768x768, mlp.c_fc
+/// 768x3072, mlp.c_proj 3072x768) = 48 Muon matrices, in backward order (last block first).
+inline std::vector<NamedMatrix> gpt2_small_matrices() {
+  std::vector<NamedMatrix> m;
+  for (int b = 11; b >= 0; --b) {
+    const std::string p = "h." + std::to_string(b) + ".";
+    m.push_back({p + "mlp.c_proj", 3072, 768});
+    m.push_back({p + "mlp.c_fc", 768, 3072});
+    m.push_back({p + "attn.c_proj", 768, 768});
+    m.push_back({p + "attn.c_attn", 768, 2304});
+  }
+  return m;
+}
 
 /// "gpt2 attn.c_proj": the benchmark label.
 inline std::string shape_label(const ModelShape& s) {

@@ -17,6 +17,7 @@
 #include <random>
 #include <thread>
 
+#include "bench/model_shapes.hpp"
 #include "client/client.hpp"
 #include "client/health_probe.hpp"
 #include "kernels/backend.hpp"
@@ -157,28 +158,9 @@ BENCHMARK(BM_Transport)
 
 // ---- one optimizer step of GPT-2 small ---------------------------------------------------------
 
-struct Matrix {
-  std::string name;
-  int64_t rows, cols;
-};
-
-// GPT-2 small (124M): 12 blocks x (attn.c_attn 768x2304, attn.c_proj 768x768, mlp.c_fc
-// 768x3072, mlp.c_proj 3072x768) = 48 Muon matrices, in backward order (last block first).
-std::vector<Matrix> gpt2_small() {
-  std::vector<Matrix> m;
-  for (int b = 11; b >= 0; --b) {
-    const std::string p = "h." + std::to_string(b) + ".";
-    m.push_back({p + "mlp.c_proj", 3072, 768});
-    m.push_back({p + "mlp.c_fc", 768, 3072});
-    m.push_back({p + "attn.c_proj", 768, 768});
-    m.push_back({p + "attn.c_attn", 768, 2304});
-  }
-  return m;
-}
-
 void BM_Step(benchmark::State& state) {
   const int clients = static_cast<int>(state.range(0));
-  const auto mats = gpt2_small();
+  const auto mats = bench::gpt2_small_matrices();
   std::mt19937 rng(1);
   std::normal_distribution<float> normal;
   std::vector<std::vector<float>> grads;

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "bench/gpu_bench.hpp"
+#include "bench/model_shapes.hpp"
 #include "client/client.hpp"
 #include "client/health_probe.hpp"
 #include "core/cuda_check.hpp"
@@ -75,25 +76,6 @@ class GpuServer {
   pid_t pid_ = 0;
 };
 
-struct Matrix {
-  std::string name;
-  int64_t rows, cols;
-};
-
-// GPT-2 small: 12 blocks x (c_attn 768x2304, c_proj 768x768, c_fc 768x3072, mlp.c_proj
-// 3072x768), in backward order.
-std::vector<Matrix> gpt2_small() {
-  std::vector<Matrix> m;
-  for (int b = 11; b >= 0; --b) {
-    const std::string p = "h." + std::to_string(b) + ".";
-    m.push_back({p + "mlp.c_proj", 3072, 768});
-    m.push_back({p + "mlp.c_fc", 768, 3072});
-    m.push_back({p + "attn.c_proj", 768, 768});
-    m.push_back({p + "attn.c_attn", 768, 2304});
-  }
-  return m;
-}
-
 // Device buffers owned by the benchmark.
 class DeviceFloats {
  public:
@@ -119,7 +101,7 @@ class DeviceFloats {
 };
 
 void run_server_step(benchmark::State& state, transport::DataPlane plane) {
-  const auto mats = gpt2_small();
+  const auto mats = gpt2_small_matrices();
   std::vector<std::unique_ptr<DeviceFloats>> grads, momenta, updates;
   for (size_t i = 0; i < mats.size(); ++i) {
     const int64_t n = mats[i].rows * mats[i].cols;

@@ -60,6 +60,19 @@ bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
 
 class DevicePlaneTest : public ::testing::Test {
  protected:
+  // Reduces `red` into the parameter and runs its step on the plane (as the worker does).
+  NsJob run_step(StepReducer& red, DeviceParamState& param, const MatrixShape& shape,
+                 const MuonOptions& o, int64_t step) {
+    plane_->reduce(red, param);
+    NsJob job;
+    job.name = "w";
+    job.step = step;
+    job.shape = shape;
+    job.options = o;
+    job.device = &param;
+    plane_->run(job);
+    return job;
+  }
   void SetUp() override {
     try {
       plane_ = std::make_unique<DevicePlane>(DevicePlaneConfig{});
@@ -151,14 +164,7 @@ TEST_F(DevicePlaneTest, StepsAreBitwiseDeviceMuonOnTheSameGradient) {
     red.add(0, 0, g0);
     red.commit(0);
     red.commit(1);
-    plane_->reduce(red, *param);
-    NsJob job;
-    job.name = "w";
-    job.step = step;
-    job.shape = shape;
-    job.options = o;
-    job.device = param.get();
-    plane_->run(job);
+    const NsJob job = run_step(red, *param, shape, o, step);
     ASSERT_TRUE(job.error.empty()) << job.error;
     EXPECT_TRUE(job.applied);
 
@@ -191,13 +197,7 @@ TEST_F(DevicePlaneTest, NonFiniteGradientLeavesTheMomentumUntouched) {
     StepReducer red(layout, 0, plane_->make_contribution_store());
     red.add(0, 0, g);
     red.commit(0);
-    plane_->reduce(red, *param);
-    NsJob job;
-    job.name = "w";
-    job.shape = shape;
-    job.options = o;
-    job.device = param.get();
-    plane_->run(job);
+    const NsJob job = run_step(red, *param, shape, o, 0);
     EXPECT_FALSE(job.applied);
     if (policy == NonFinitePolicy::error) {
       EXPECT_EQ(job.error_code, "non_finite");
