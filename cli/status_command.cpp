@@ -206,6 +206,13 @@ void add_status_command(CLI::App& app) {
       ->capture_default_str();
   sub->callback([args] {
     const std::string socket = args->socket.empty() ? daemon::default_socket_path() : args->socket;
+    if (socket.starts_with("tcp://")) {
+      throw CommandFailed(kExitNoServer,
+                          "status is not available over TCP ('" + socket +
+                              "'): a TCP peer gets nothing but health before a token-checked "
+                              "hello; run `muon-offload status --socket PATH` on the server's "
+                              "node with its Unix socket");
+    }
     std::error_code fs_ec;
     const auto kind = std::filesystem::status(socket, fs_ec).type();
     if (!fs_ec && kind != std::filesystem::file_type::socket &&

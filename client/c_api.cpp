@@ -125,6 +125,13 @@ int muon_client_has_cuda(void) {
 int muon_client_create_ex(const char* const* servers, int n_servers, int rank, int world_size,
                           const char* name, int64_t connect_timeout_ms, int64_t op_timeout_ms,
                           const char* data_plane, muon_client** out) {
+  return muon_client_create_auth(servers, n_servers, rank, world_size, name, connect_timeout_ms,
+                                 op_timeout_ms, data_plane, nullptr, out);
+}
+
+int muon_client_create_auth(const char* const* servers, int n_servers, int rank, int world_size,
+                            const char* name, int64_t connect_timeout_ms, int64_t op_timeout_ms,
+                            const char* data_plane, const char* auth_token, muon_client** out) {
   return guarded([&] {
     if (!out || !servers || n_servers < 1)
       throw muon::InvalidArgument("muon_client_create: no server");
@@ -136,6 +143,7 @@ int muon_client_create_ex(const char* const* servers, int n_servers, int rank, i
     if (connect_timeout_ms > 0) cfg.connect_timeout = std::chrono::milliseconds(connect_timeout_ms);
     if (op_timeout_ms > 0) cfg.op_timeout = std::chrono::milliseconds(op_timeout_ms);
     if (data_plane && *data_plane) cfg.data_plane = muon::transport::parse_data_plane(data_plane);
+    if (auth_token) cfg.auth_token = auth_token;
     auto c = std::make_unique<muon_client>();
     c->impl = std::make_unique<muon::client::Client>(std::move(cfg));
     *out = c.release();

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "client/auth_token_source.hpp"
 #include "client/device_copy.hpp"
 
 namespace muon::client {
@@ -23,11 +24,12 @@ Client::~Client() {
 
 void Client::connect_all() {
   connections_.clear();
+  const std::string token = auth_token_for(config_.auth_token, config_.servers);
   for (const auto& path : config_.servers) {
     connections_.push_back(std::make_unique<Connection>(
         path, config_.rank, config_.world_size,
         config_.name.empty() ? "rank " + std::to_string(config_.rank) : config_.name,
-        config_.connect_timeout, config_.op_timeout, config_.data_plane));
+        config_.connect_timeout, config_.op_timeout, config_.data_plane, token));
     connections_.back()->set_update_callback(
         [this](const std::string& name, int64_t step) { on_update_complete(name, step); });
   }
@@ -115,7 +117,7 @@ void Client::push_device(const std::string& name, int64_t step, int64_t offset,
   const size_t esize = transport::dtype_bytes(registration(name).grad_dtype);
   Connection& c = owner(name);
   if (count > 0) require_device_memory(device_data, "push_device of '" + name + "'");
-  if (c.data_plane() != transport::DataPlane::cuda_ipc) {
+  if (c.data_plane() == transport::DataPlane::shm) {
     // Host shared memory: stage through the host.
     std::vector<std::byte> host(static_cast<size_t>(std::max<int64_t>(count, 0)) * esize);
     copy_device_to_host(host.data(), device_data, host.size(), stream);
@@ -154,7 +156,7 @@ bool Client::wait_update_device(const std::string& name, int64_t step, void* dev
   const size_t bytes = want_bytes(registration(name));
   // Checked before anything is taken: a failure here leaves the update held.
   if (bytes > 0) require_device_memory(device_dst, "wait_update_device of '" + name + "'");
-  if (owner(name).data_plane() == transport::DataPlane::cuda_ipc) {
+  if (owner(name).data_plane() != transport::DataPlane::shm) {
     return timed_wait(name, step, [&](Connection& c) {
       return c.wait_update_device(name, step, static_cast<std::byte*>(device_dst), stream);
     });

@@ -7,11 +7,15 @@
 //   at optimizer.step():                         wait_update(name, step, dst) for each parameter
 //   once every update is in hand:                report_step(step)
 //
-// Data plane (ClientConfig::data_plane): `shm` (host shared memory, any server) or `cuda_ipc`
-// (the server's device rings on the same node, a server on the CUDA backend): gradients go from
-// the trainer's device memory into the server's GPU with no host staging (push_device) and
-// updates come back into device memory (wait_update_device). The host calls work on both planes,
-// the device calls too (on shm they stage through host memory).
+// Servers: Unix socket paths, or "tcp://HOST:PORT" for a server on another node (its control
+// plane; the token of ClientConfig::auth_token or MUON_OFFLOAD_TOKEN_FILE proves the client).
+//
+// Data plane (ClientConfig::data_plane): `shm` (host shared memory, a server on this node),
+// `cuda_ipc` (the server's device rings on the same node, a server on the CUDA backend) or `nccl`
+// (NCCL point-to-point with a CUDA server, e.g. on another node): gradients go from the trainer's
+// device memory into the server's GPU with no host staging (push_device) and updates come back
+// into device memory (wait_update_device). The host calls work on every plane, the device calls
+// too (on shm they stage through host memory).
 #pragma once
 
 #include <chrono>
@@ -30,7 +34,8 @@
 namespace muon::client {
 
 struct ClientConfig {
-  /// Socket paths of the servers (the job's pool as the plan lists it, or one server).
+  /// Endpoints of the servers (the job's pool as the plan lists it, or one server): Unix socket
+  /// paths, or "tcp://HOST:PORT" (HOST a name, an IPv4 address or a bracketed IPv6 address).
   std::vector<std::string> servers;
   int rank = 0;        ///< this compute rank
   int world_size = 1;  ///< compute ranks of the job
@@ -42,7 +47,16 @@ struct ClientConfig {
   /// reconnects: make the trainer's device current first, cudaSetDevice / torch.cuda.set_device).
   /// A server that cannot serve cuda_ipc (CPU backend) refuses the connection: ServerError with
   /// code "unsupported" and the server's reason.
+  /// nccl: joins the session's two NCCL communicators on the device current when the Client is
+  /// created (same rule), waiting up to op_timeout; needs a client built with NCCL
+  /// (BackendUnavailable otherwise, before connecting) and a server on the CUDA backend built
+  /// with NCCL, on another GPU than the client's (NCCL refuses two ranks on one GPU).
   transport::DataPlane data_plane = transport::DataPlane::shm;
+  /// The servers' shared secret (muon-offloadd --auth-token-file), sent in the hello on tcp
+  /// endpoints only. Empty: read from the file named by MUON_OFFLOAD_TOKEN_FILE when a tcp
+  /// endpoint is configured (client/auth_token_source.hpp). A tcp server refuses a hello without
+  /// its token: ServerError with code "unauthorized".
+  std::string auth_token;
 };
 
 /// One parameter as this rank registers it.
@@ -69,9 +83,11 @@ struct StepStats {
 
 class Client {
  public:
-  /// Connects to every server. Throws ConnectionLost naming the unreachable server; ServerError
-  /// (code "unsupported") when a server refuses the data plane; BackendUnavailable / DeviceError
-  /// when cuda_ipc rings cannot be opened here (built without CUDA, no usable GPU).
+  /// Connects to every server. Throws InvalidArgument (a malformed endpoint, an unreadable token
+  /// file); ConnectionLost naming the unreachable server; ServerError when a server refuses the
+  /// hello (code "unsupported": the data plane; "unauthorized": a missing or wrong token on a tcp
+  /// endpoint); BackendUnavailable / DeviceError when the device plane cannot be set up here
+  /// (built without CUDA or NCCL, no usable GPU, NCCL refuses to join).
   explicit Client(ClientConfig config);
   ~Client();
 
@@ -86,9 +102,11 @@ class Client {
   /// data sits in shared memory.
   void push(const std::string& name, int64_t step, int64_t offset, const void* data, int64_t count);
   /// push from CUDA device memory: `device_data` holds `count` elements (grad dtype) on the
-  /// device current at connection (cuda_ipc) or any device (shm). cuda_ipc: each chunk is copied
-  /// on `stream` straight into the server's GPU ring, ordered after the work already on `stream`
-  /// (e.g. the backward that produced the gradient); returns once the copies are enqueued, so the
+  /// device current at connection (cuda_ipc, nccl) or any device (shm). cuda_ipc: each chunk is
+  /// copied on `stream` straight into the server's GPU ring (nccl: sent with ncclSend on
+  /// `stream`), ordered after the work already on `stream` (e.g. the backward that produced the
+  /// gradient); `stream` must belong to that device (InvalidArgument naming both devices
+  /// otherwise); returns once the copies are enqueued, so the
   /// caller must keep `device_data` alive and unchanged until `stream` has passed them (record an
   /// event, or let the caching allocator's stream semantics do it). shm: copies to host on
   /// `stream`, waits for it, then pushes as push() does. `stream` is a cudaStream_t (nullptr: the
@@ -106,8 +124,9 @@ class Client {
   /// dst. Returns false when the server skipped the step (non-finite policy skip; dst zeroed).
   bool wait_update(const std::string& name, int64_t step, void* dst);
   /// wait_update into CUDA device memory: `device_dst` receives the packed want ranges (want
-  /// elements x update dtype bytes). cuda_ipc: the update was already copied out of the ring into
-  /// a client-owned device buffer on the connection's reader stream; `stream` is made to wait for
+  /// elements x update dtype bytes). cuda_ipc / nccl: the update was already copied out of the
+  /// ring (received with ncclRecv) into a client-owned device buffer on the connection's reader
+  /// stream; `stream` is made to wait for
   /// that copy, then copies into `device_dst` (device to device); returns once enqueued: the
   /// values are there for work queued on `stream` after this call. shm: waits on the host, then
   /// copies to `device_dst` on `stream` and waits for it. Returns false when the server skipped

@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <cstring>
 
+#include "client/device_scope.hpp"
+#include "transport/endpoint.hpp"
+
 namespace muon::client {
 
 namespace asio = boost::asio;
-using local = asio::local::stream_protocol;
 using transport::MessageType;
 
 namespace {
@@ -17,21 +19,29 @@ std::string ms_text(std::chrono::milliseconds ms) {
 
 }  // namespace
 
-Connection::Connection(std::string socket_path, int rank, int world_size,
+Connection::Connection(std::string endpoint, int rank, int world_size,
                        const std::string& client_name, std::chrono::milliseconds connect_timeout,
-                       std::chrono::milliseconds op_timeout, transport::DataPlane data_plane)
-    : path_(std::move(socket_path)),
+                       std::chrono::milliseconds op_timeout, transport::DataPlane data_plane,
+                       const std::string& auth_token)
+    : path_(std::move(endpoint)),
       rank_(rank),
       op_timeout_(op_timeout),
       socket_(io_),
       data_plane_(data_plane) {
+  const transport::Endpoint where = transport::parse_endpoint(path_);
+  if (data_plane == transport::DataPlane::nccl && !NcclPlane::built()) {
+    throw BackendUnavailable("data plane nccl for muon-offloadd at '" + path_ +
+                             "': this client was built without NCCL");
+  }
+  const auto address = transport::resolve(where, io_);
   const auto give_up = Clock::now() + connect_timeout;
   auto backoff = std::chrono::milliseconds(10);
   for (;;) {
     boost::system::error_code ec;
-    socket_.connect(local::endpoint(path_), ec);
+    socket_.connect(address, ec);
     if (!ec) break;
-    socket_.close();
+    boost::system::error_code ignored;
+    socket_.close(ignored);
     if (Clock::now() + backoff > give_up) {
       throw ConnectionLost("cannot connect to muon-offloadd at '" + path_ + "' within " +
                            ms_text(connect_timeout) + ": " + ec.message() +
@@ -40,11 +50,14 @@ Connection::Connection(std::string socket_path, int rank, int world_size,
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
   }
+  transport::tune_connected(socket_, where);
   reader_ = std::thread([this] { reader_loop(); });
   try {
+    // The token proves a TCP peer; a Unix socket peer is checked by uid and never gets it.
     const auto id = send_request(
         MessageType::hello,
-        transport::encode(transport::Hello{rank, world_size, client_name, data_plane}));
+        transport::encode(transport::Hello{rank, world_size, client_name, data_plane,
+                                           where.is_tcp() ? auth_token : std::string()}));
     const auto ok = transport::decode<transport::HelloOk>(wait_reply(id, "hello").payload);
     if (ok.data_plane != data_plane) {
       throw ServerError("muon-offloadd at '" + path_ + "' answered a hello asking for data plane " +
@@ -54,6 +67,7 @@ Connection::Connection(std::string socket_path, int rank, int world_size,
                         "unsupported", "", -1, -1);
     }
     std::unique_ptr<DeviceRings> rings;
+    std::unique_ptr<NcclPlane> nccl;
     if (data_plane == transport::DataPlane::cuda_ipc) {
       if (!ok.tx_ring || !ok.rx_ring) {
         throw ServerError("muon-offloadd at '" + path_ +
@@ -61,31 +75,53 @@ Connection::Connection(std::string socket_path, int rank, int world_size,
                           "bad_reply", "", -1, -1);
       }
       rings = std::make_unique<DeviceRings>(*ok.tx_ring, *ok.rx_ring);
+    } else if (data_plane == transport::DataPlane::nccl) {
+      if (!ok.nccl_tx_id || !ok.nccl_rx_id) {
+        throw ServerError(
+            "muon-offloadd at '" + path_ + "' agreed to data plane nccl but sent no NCCL ids",
+            "bad_reply", "", -1, -1);
+      }
+      nccl = std::make_unique<NcclPlane>(*ok.nccl_tx_id, *ok.nccl_rx_id, ok.slot_bytes, op_timeout);
     } else {
       transport::SegmentLayout layout{ok.tx_slots, ok.rx_slots, ok.slot_bytes};
       segment_.emplace(transport::ShmSegment::open_and_unlink(ok.shm_name, layout));
     }
     std::lock_guard lk(mu_);
     rings_ = std::move(rings);
+    nccl_ = std::move(nccl);
     slot_bytes_ = ok.slot_bytes;
     tx_busy_.assign(ok.tx_slots, false);
   } catch (...) {
     boost::system::error_code ignored;
-    socket_.shutdown(local::socket::shutdown_both, ignored);
+    socket_.shutdown(asio::socket_base::shutdown_both, ignored);
     if (reader_.joinable()) reader_.join();
     throw;
   }
 }
 
 Connection::~Connection() {
+  {
+    // The device plane goes before the goodbye: the server frees the exported rings once the
+    // session closes, and CUDA leaves freeing memory another process still maps undefined. The
+    // reader uses the plane under mu_ and ignores data-plane frames once closing_ is set.
+    std::lock_guard lk(mu_);
+    closing_ = true;
+    if (rings_) {
+      params_.clear();  // device holding buffers (each waits for its pending copies)
+      rings_.reset();   // waits for its streams and copies, unmaps the rings
+    }
+  }
   try {
     if (lost_reason().empty()) send_frame(MessageType::goodbye, "{}");
   } catch (...) {
   }
   boost::system::error_code ignored;
-  socket_.shutdown(local::socket::shutdown_both, ignored);
+  socket_.shutdown(asio::socket_base::shutdown_both, ignored);
   if (reader_.joinable()) reader_.join();
   socket_.close(ignored);
+  // nccl: the communicators are the client's own memory; finalized once the reader is gone.
+  params_.clear();
+  nccl_.reset();
 }
 
 std::string Connection::lost_reason() {
@@ -96,6 +132,20 @@ std::string Connection::lost_reason() {
 void Connection::throw_lost(const std::string& what) {
   throw ConnectionLost("connection to muon-offloadd at '" + path_ + "' lost (" + lost_ +
                        ") while " + what);
+}
+
+void Connection::lose(const std::string& why) {
+  {
+    std::lock_guard lk(mu_);
+    if (lost_.empty()) lost_ = why;
+    cv_.notify_all();
+  }
+  boost::system::error_code ignored;
+  socket_.shutdown(asio::socket_base::shutdown_both, ignored);
+}
+
+StreamHandle Connection::reader_stream() const {
+  return rings_ ? rings_->reader_stream() : nccl_->reader_stream();
 }
 
 void Connection::send_frame(MessageType type, const std::string& payload, uint32_t id) {
@@ -165,13 +215,23 @@ void Connection::expect_updates(const std::string& name, std::vector<transport::
     p.want_elems += r.size();
   }
   p.elem_bytes = elem_bytes;
-  if (!rings_) p.receiving.assign(static_cast<size_t>(p.want_elems) * elem_bytes, std::byte{0});
+  if (!on_device())
+    p.receiving.assign(static_cast<size_t>(p.want_elems) * elem_bytes, std::byte{0});
   p.receiving_step = -1;
   p.complete.clear();
   p.spare.clear();
   p.receiving_dev.reset();  // the reader allocates holding buffers of the new size
   p.spare_dev.clear();
 }
+
+namespace {
+
+// The element type of data-plane bytes from their size (momentum always travels as fp32).
+transport::DType dtype_of(size_t elem_bytes) {
+  return elem_bytes == 2 ? transport::DType::bf16 : transport::DType::f32;
+}
+
+}  // namespace
 
 void Connection::push(const std::string& name, int64_t step, int64_t offset, const std::byte* data,
                       int64_t count, size_t elem_bytes, transport::ChunkKind kind) {
@@ -184,6 +244,15 @@ void Connection::push(const std::string& name, int64_t step, int64_t offset, con
     rings_->sync_host_pushes();  // the caller may reuse `data` once this returns
     return;
   }
+  if (nccl_) {
+    DeviceScope scope(nccl_->device());
+    push_chunks(
+        name, step, offset, count, elem_bytes, kind, [](uint32_t, int64_t, int64_t) {},
+        [&](int64_t first, int64_t n) {
+          nccl_->send_host(data + first * elem_bytes, static_cast<size_t>(n), dtype_of(elem_bytes));
+        });
+    return;
+  }
   push_chunks(name, step, offset, count, elem_bytes, kind,
               [&](uint32_t slot, int64_t first, int64_t n) {
                 std::memcpy(segment_->tx_slot(slot), data + first * elem_bytes,
@@ -194,20 +263,34 @@ void Connection::push(const std::string& name, int64_t step, int64_t offset, con
 void Connection::push_device(const std::string& name, int64_t step, int64_t offset,
                              const std::byte* device_data, int64_t count, size_t elem_bytes,
                              transport::ChunkKind kind, StreamHandle stream) {
-  if (!rings_) {
+  if (!on_device()) {
     throw InvalidArgument("push_device of '" + name + "' to '" + path_ +
-                          "': the session's data plane is shm, not cuda_ipc");
+                          "': the session's data plane is shm, not cuda_ipc or nccl");
   }
-  push_chunks(name, step, offset, count, elem_bytes, kind,
-              [&](uint32_t slot, int64_t first, int64_t n) {
-                rings_->copy_in(slot, device_data + first * elem_bytes,
-                                static_cast<size_t>(n) * elem_bytes, stream);
-              });
+  // Imported events and NCCL calls work on the plane's device; the caller's device comes back.
+  DeviceScope scope(rings_ ? rings_->device() : nccl_->device());
+  require_stream_on_device(stream, rings_ ? rings_->device() : nccl_->device(), scope.previous(),
+                           "push_device of '" + name + "' to '" + path_ + "'");
+  if (rings_) {
+    push_chunks(name, step, offset, count, elem_bytes, kind,
+                [&](uint32_t slot, int64_t first, int64_t n) {
+                  rings_->copy_in(slot, device_data + first * elem_bytes,
+                                  static_cast<size_t>(n) * elem_bytes, stream);
+                });
+    return;
+  }
+  push_chunks(
+      name, step, offset, count, elem_bytes, kind, [](uint32_t, int64_t, int64_t) {},
+      [&](int64_t first, int64_t n) {
+        nccl_->send(device_data + first * elem_bytes, static_cast<size_t>(n), dtype_of(elem_bytes),
+                    stream);
+      });
 }
 
 void Connection::push_chunks(const std::string& name, int64_t step, int64_t offset, int64_t count,
                              size_t elem_bytes, transport::ChunkKind kind,
-                             const std::function<void(uint32_t, int64_t, int64_t)>& copy) {
+                             const std::function<void(uint32_t, int64_t, int64_t)>& copy,
+                             const std::function<void(int64_t, int64_t)>& send) {
   const int64_t per_slot = static_cast<int64_t>(slot_bytes_ / elem_bytes);
   const uint32_t attempt = attempt_of(name, step);
   for (int64_t done = 0; done < count || (count == 0 && done == 0); done += per_slot) {
@@ -237,7 +320,21 @@ void Connection::push_chunks(const std::string& name, int64_t step, int64_t offs
       throw;
     }
     transport::Push m{name, step, offset + done, n, slot, kind, attempt};
-    send_frame(MessageType::push, transport::encode(m));
+    if (send) {
+      // The server posts its ncclRecv when it reads the frame, so the send follows the frame
+      // (NCCL connects a pair lazily, on the first transfer both sides have posted) and the
+      // sends of several pushing threads go in the frames' order.
+      std::lock_guard order(nccl_tx_mu_);
+      send_frame(MessageType::push, transport::encode(m));
+      try {
+        send(done, n);
+      } catch (const Error& e) {
+        lose(std::string("the nccl data plane failed: ") + e.what());
+        throw;
+      }
+    } else {
+      send_frame(MessageType::push, transport::encode(m));
+    }
     if (count == 0) break;
   }
 }
@@ -281,9 +378,9 @@ bool Connection::wait_update(const std::string& name, int64_t step, std::byte* d
 
 bool Connection::wait_update_device(const std::string& name, int64_t step, std::byte* device_dst,
                                     StreamHandle stream) {
-  if (!rings_) {
+  if (!on_device()) {
     throw InvalidArgument("wait_update_device of '" + name + "' from '" + path_ +
-                          "': the session's data plane is shm, not cuda_ipc");
+                          "': the session's data plane is shm, not cuda_ipc or nccl");
   }
   return take_update(name, step,
                      [&](ParamRx::Complete& c) { c.dev->copy_to_device(device_dst, stream); });
@@ -462,13 +559,22 @@ void Connection::handle_update(const transport::Update& u) {
   bool complete = false;
   {
     std::lock_guard lk(mu_);
+    if (closing_) return;  // the device plane is gone; the session is about to be
     if (rings_) rings_->enter_reader_thread();
+    if (nccl_) nccl_->enter_reader_thread();
     auto& p = params_[u.name];
     if (u.kind == transport::ChunkKind::momentum) {
       const bool inside =
           u.offset >= 0 && u.offset + u.count <= static_cast<int64_t>(p.momentum.size());
       const size_t bytes = static_cast<size_t>(u.count) * 4;
-      if (rings_) {
+      if (nccl_) {  // the server sent it: a matching receive is posted whatever happens to it
+        if (inside) {
+          nccl_->recv_to_host(p.momentum.data() + u.offset, static_cast<size_t>(u.count),
+                              transport::DType::f32);
+        } else {
+          nccl_->discard(static_cast<size_t>(u.count), transport::DType::f32);
+        }
+      } else if (rings_) {
         if (inside) {
           rings_->copy_out_to_host(u.slot, p.momentum.data() + u.offset, bytes);
         } else {
@@ -486,7 +592,7 @@ void Connection::handle_update(const transport::Update& u) {
         p.receiving_step = u.step;
         p.received = 0;
         p.receiving_applied = true;
-        if (rings_) {
+        if (on_device()) {
           if (!p.receiving_dev) {
             if (!p.spare_dev.empty()) {
               p.receiving_dev = std::move(p.spare_dev.back());
@@ -497,7 +603,7 @@ void Connection::handle_update(const transport::Update& u) {
             }
           }
           // A recycled buffer may still be read by a consumer's stream.
-          p.receiving_dev->begin_fill(rings_->reader_stream());
+          p.receiving_dev->begin_fill(reader_stream());
         }
       }
       // Find the want range holding the chunk; its packed position follows.
@@ -520,8 +626,8 @@ void Connection::handle_update(const transport::Update& u) {
         // Hand the step over and start the next one in a recycled (warm) buffer.
         auto& done = p.complete[u.step];
         done.applied = p.receiving_applied;
-        if (rings_) {
-          p.receiving_dev->end_fill(rings_->reader_stream());
+        if (on_device()) {
+          p.receiving_dev->end_fill(reader_stream());
           done.dev = std::move(p.receiving_dev);  // the next step takes a spare or a new one
         } else {
           const size_t bytes = p.receiving.size();
@@ -549,7 +655,8 @@ void Connection::handle_update(const transport::Update& u) {
     }
   }
   // cuda_ipc: the copy out of the slot is only enqueued; the slot's free event orders the
-  // server's next write into it, so the credit goes back at once.
+  // server's next write into it, so the credit goes back at once. nccl: the receive is posted
+  // (the slot is the server's own memory, its send stream orders the reuse).
   send_frame(MessageType::update_ack, transport::encode(transport::SlotAck{u.slot}));
   {
     std::lock_guard lk(mu_);
@@ -561,7 +668,14 @@ void Connection::handle_update(const transport::Update& u) {
 void Connection::receive_chunk(ParamRx& p, const transport::Update& u, bool in_want, int64_t pos) {
   const size_t bytes = static_cast<size_t>(u.count) * p.elem_bytes;
   const size_t at = static_cast<size_t>(pos) * p.elem_bytes;
-  if (rings_) {
+  if (nccl_) {  // posted in frame order (this one reader thread), as the server sent them
+    if (in_want) {
+      nccl_->recv(static_cast<std::byte*>(p.receiving_dev->data()) + at,
+                  static_cast<size_t>(u.count), dtype_of(p.elem_bytes));
+    } else {
+      nccl_->discard(static_cast<size_t>(u.count), dtype_of(p.elem_bytes));
+    }
+  } else if (rings_) {
     if (in_want) {
       rings_->copy_out(u.slot, static_cast<std::byte*>(p.receiving_dev->data()) + at, bytes);
     } else {

@@ -1,7 +1,8 @@
-// One client connection to one muon-offloadd: the control socket (blocking writes, a reader
-// thread for everything the server sends), the session's data plane with credit-based flow
-// control (host shared-memory rings, or the server's device rings over CUDA IPC), and the
-// per-parameter receive state of updates.
+// One client connection to one muon-offloadd: the control socket (a Unix socket path, or
+// "tcp://HOST:PORT" with the server's token; blocking writes, a reader thread for everything the
+// server sends), the session's data plane with credit-based flow control (host shared-memory
+// rings, the server's device rings over CUDA IPC, or NCCL point-to-point into the server's
+// rings), and the per-parameter receive state of updates.
 #pragma once
 
 #include "transport/asio.hpp"
@@ -20,6 +21,7 @@
 #include "client/client_error.hpp"
 #include "client/device_hold.hpp"
 #include "client/device_rings.hpp"
+#include "client/nccl_plane.hpp"
 #include "kernels/device_stream.hpp"
 #include "transport/frame.hpp"
 #include "transport/messages.hpp"
@@ -34,18 +36,28 @@ using UpdateCallback = std::function<void(const std::string& name, int64_t step)
 
 class Connection {
  public:
-  /// Connects (retrying with exponential backoff, 10 ms doubling to 1 s, until connect_timeout),
-  /// says hello asking for `data_plane`, and maps the session's shared memory (shm) or opens the
-  /// server's device rings (cuda_ipc: on the current CUDA device, which must be the device whose
-  /// memory the trainer pushes from and receives into; see DeviceRings). Throws ConnectionLost
-  /// naming the socket path and the last OS error; ServerError when the server refuses the hello
-  /// (e.g. code "unsupported": cuda_ipc asked of a server on the CPU backend; the message is the
-  /// server's) or answers with another data plane; BackendUnavailable / DeviceError when the
-  /// device rings cannot be opened here (built without CUDA, no usable GPU).
-  Connection(std::string socket_path, int rank, int world_size, const std::string& client_name,
+  /// Connects to `endpoint` (a Unix socket path or "tcp://HOST:PORT", transport::parse_endpoint;
+  /// retrying with exponential backoff, 10 ms doubling to 1 s, until connect_timeout), says hello
+  /// asking for `data_plane` (with `auth_token` on a tcp endpoint only; never over a Unix
+  /// socket), and maps the session's shared memory (shm), opens the server's device rings
+  /// (cuda_ipc), or joins the session's two NCCL communicators as rank 1, tx then rx, waiting up
+  /// to op_timeout for each (nccl). cuda_ipc and nccl work on the current CUDA device, which must
+  /// be the device whose memory the trainer pushes from and receives into (see DeviceRings,
+  /// NcclPlane). Throws InvalidArgument (a malformed endpoint, a host that does not resolve);
+  /// BackendUnavailable before connecting when nccl is asked of a client built without NCCL;
+  /// ConnectionLost naming the endpoint and the last OS error; ServerError when the server
+  /// refuses the hello (code "unsupported": a data plane the server cannot serve; code
+  /// "unauthorized": a tcp hello without the server's token; the message is the server's) or
+  /// answers with another data plane; BackendUnavailable / DeviceError when the device plane
+  /// cannot be set up here (built without CUDA, no usable GPU, NCCL refuses to join).
+  Connection(std::string endpoint, int rank, int world_size, const std::string& client_name,
              std::chrono::milliseconds connect_timeout, std::chrono::milliseconds op_timeout,
-             transport::DataPlane data_plane = transport::DataPlane::shm);
-  /// Says goodbye and joins the reader thread.
+             transport::DataPlane data_plane = transport::DataPlane::shm,
+             const std::string& auth_token = "");
+  /// Tears the data plane down, then says goodbye and joins the reader thread. cuda_ipc: waits
+  /// for the reader's and the host pushes' streams and for every copy into a tx slot, frees the
+  /// device holding buffers, destroys the rings and unmaps their IPC handles, all before the
+  /// goodbye that lets the server free the exported memory.
   ~Connection();
 
   /// Sends a registration (does not wait).
@@ -59,13 +71,18 @@ class Connection {
   /// Copies `count` elements of `elem_bytes` each from host memory into a free tx slot (waiting
   /// for a credit) and announces them. Returns once the bytes are in the slot (cuda_ipc: the
   /// copies are complete, `data` may be reused); never waits for the server's Newton-Schulz.
-  /// Data larger than a slot is sent as several chunks.
+  /// Data larger than a slot is sent as several chunks. nccl: each chunk is staged into a client
+  /// device buffer and sent with ncclSend after its push frame; returns once the sends are done.
   void push(const std::string& name, int64_t step, int64_t offset, const std::byte* data,
             int64_t count, size_t elem_bytes, transport::ChunkKind kind);
-  /// The same from CUDA device memory, on a cuda_ipc connection only: each chunk is copied
-  /// straight into the server's tx ring on `stream` (no host staging). Returns once the copies
-  /// are enqueued: `device_data` must stay alive and unchanged until `stream` has passed them.
-  /// Throws InvalidArgument on a shm connection, DeviceError when CUDA fails.
+  /// The same from CUDA device memory, on a cuda_ipc or nccl connection only: each chunk is
+  /// copied straight into the server's tx ring on `stream` (cuda_ipc), or sent with ncclSend on
+  /// `stream` after its push frame (nccl); no host staging. Runs with the plane's device current
+  /// (the caller's current device is restored). Returns once the copies are enqueued:
+  /// `device_data` must stay alive and unchanged until `stream` has passed them. Throws
+  /// InvalidArgument on a shm connection or when `stream` belongs to another device than the
+  /// plane's (both named; checked with CUDA >= 12.8), DeviceError when CUDA or NCCL fails (nccl
+  /// after the push frame went out: the connection is then lost).
   void push_device(const std::string& name, int64_t step, int64_t offset,
                    const std::byte* device_data, int64_t count, size_t elem_bytes,
                    transport::ChunkKind kind, StreamHandle stream);
@@ -81,10 +98,11 @@ class Connection {
   /// error for this parameter and step, e.g. a lost rank), ConnectionLost, Timeout.
   /// On a cuda_ipc connection the update is copied from its device holding buffer (blocking).
   bool wait_update(const std::string& name, int64_t step, std::byte* dst);
-  /// cuda_ipc connections only: as wait_update, but the values land in `device_dst` (device
-  /// memory on the connection's device), copied on `stream` after the update's copies out of the
-  /// ring (stream-ordered; returns once enqueued). Throws as wait_update, plus InvalidArgument on
-  /// a shm connection and DeviceError when CUDA fails (the update then stays held).
+  /// cuda_ipc and nccl connections only: as wait_update, but the values land in `device_dst`
+  /// (device memory on the connection's device), copied on `stream` after the update's copies out
+  /// of the ring (stream-ordered; returns once enqueued). Throws as wait_update, plus
+  /// InvalidArgument on a shm connection and DeviceError when CUDA fails (the update then stays
+  /// held).
   bool wait_update_device(const std::string& name, int64_t step, std::byte* device_dst,
                           StreamHandle stream);
   /// True when the update of (name, step) is complete.
@@ -105,6 +123,7 @@ class Connection {
   void expect_updates(const std::string& name, std::vector<transport::Range> want,
                       size_t elem_bytes);
 
+  /// The endpoint as given (a socket path or "tcp://HOST:PORT").
   const std::string& socket_path() const { return path_; }
   /// Empty while the connection is alive; the reason once it is lost.
   std::string lost_reason();
@@ -125,7 +144,7 @@ class Connection {
     size_t elem_bytes = 4;
     // The step being received: chunks land in `receiving` until the step's last one.
     std::vector<std::byte> receiving;           // shm
-    std::unique_ptr<DeviceHold> receiving_dev;  // cuda_ipc (allocated by the reader)
+    std::unique_ptr<DeviceHold> receiving_dev;  // cuda_ipc, nccl (allocated by the reader)
     int64_t receiving_step = -1;
     int64_t received = 0;
     bool receiving_applied = true;
@@ -135,7 +154,7 @@ class Connection {
     // wait_update(s) drops every step below s; at most kMaxHeldUpdates are kept).
     struct Complete {
       std::vector<std::byte> values;    // shm
-      std::unique_ptr<DeviceHold> dev;  // cuda_ipc
+      std::unique_ptr<DeviceHold> dev;  // cuda_ipc, nccl
       bool applied = true;
     };
     std::map<int64_t, Complete> complete;
@@ -164,9 +183,19 @@ class Connection {
   /// Takes credits for ceil(count / per-slot) tx slots one by one, calls copy(slot, first
   /// element, elements) for each, and sends its push frame. A copy that throws gives its slot
   /// back (nothing was announced).
+  /// `send` (nccl), when given, is called the same way right after the chunk's push frame, both
+  /// under nccl_tx_mu_ so that NCCL sends follow the frames' order; one that throws loses the
+  /// connection (the server already expects the bytes).
   void push_chunks(const std::string& name, int64_t step, int64_t offset, int64_t count,
                    size_t elem_bytes, transport::ChunkKind kind,
-                   const std::function<void(uint32_t, int64_t, int64_t)>& copy);
+                   const std::function<void(uint32_t, int64_t, int64_t)>& copy,
+                   const std::function<void(int64_t, int64_t)>& send = {});
+  /// True on a device data plane (cuda_ipc or nccl): updates are held in DeviceHold buffers.
+  bool on_device() const { return rings_ || nccl_; }
+  /// The stream the reader fills holding buffers on (device planes only).
+  StreamHandle reader_stream() const;
+  /// Marks the connection lost with `why` and shuts the socket down (the reader then exits).
+  void lose(const std::string& why);
   /// Waits for the update of (name, step) like wait_update, hands it to `take` under mu_, then
   /// recycles the buffers of it and every earlier step. An exception from `take` leaves the
   /// update held.
@@ -181,12 +210,15 @@ class Connection {
   int rank_;
   std::chrono::milliseconds op_timeout_;
   boost::asio::io_context io_;
-  boost::asio::local::stream_protocol::socket socket_;
+  boost::asio::generic::stream_protocol::socket socket_;
   transport::DataPlane data_plane_ = transport::DataPlane::shm;
   uint64_t slot_bytes_ = 0;
   std::optional<transport::ShmSegment> segment_;  // shm
   std::unique_ptr<DeviceRings> rings_;            // cuda_ipc
+  std::unique_ptr<NcclPlane> nccl_;               // nccl
+  std::mutex nccl_tx_mu_;  // push frames and their NCCL sends, in one order (nccl)
   std::mutex write_mu_;
+  bool closing_ = false;  // under mu_: the destructor tore the device plane down
   std::mutex mu_;
   std::condition_variable cv_;
   uint32_t next_request_ = 1;

@@ -2,6 +2,11 @@
 
 #include <cuda_runtime_api.h>
 
+#include <map>
+#include <mutex>
+#include <optional>
+#include <vector>
+
 #include "core/cuda_check.hpp"
 #include "transport/cuda_ipc.hpp"
 
@@ -17,21 +22,96 @@ transport::IpcHandleCache& ipc_cache() {
   return *cache;
 }
 
+// How many live rings of this process map each allocation: the last one to go unmaps it (the
+// cache itself never closes a handle on its own). Leaked like the cache.
+struct MappingUsers {
+  std::mutex mu;
+  std::map<transport::IpcHandleBytes, int> users;
+};
+MappingUsers& mapping_users() {
+  static MappingUsers* const m = new MappingUsers;
+  return *m;
+}
+
+// One ring's claim on its allocation's mapping, taken before the ring opens it.
+class MappingClaim {
+ public:
+  explicit MappingClaim(const transport::IpcHandleBytes& h) : handle_(h) {
+    auto& m = mapping_users();
+    std::lock_guard lk(m.mu);
+    ++m.users[handle_];
+  }
+  ~MappingClaim() {
+    auto& m = mapping_users();
+    std::lock_guard lk(m.mu);  // held while unmapping: a new claim cannot see a stale mapping
+    if (--m.users[handle_] == 0) {
+      m.users.erase(handle_);
+      ipc_cache().close(handle_);
+    }
+  }
+  MappingClaim(const MappingClaim&) = delete;
+  MappingClaim& operator=(const MappingClaim&) = delete;
+
+ private:
+  transport::IpcHandleBytes handle_;
+};
+
+int current_device() {
+  int d = 0;
+  MUON_CUDA_CHECK(cudaGetDevice(&d));
+  return d;
+}
+
+// A ring's claim and mapping, in destruction order: the ring (its events) before the claim
+// (the unmapping).
+struct ClaimedRing {
+  ClaimedRing(const transport::DeviceRingDescriptor& d)
+      : claim(d.memory), ring(std::in_place, d, ipc_cache()) {}
+  MappingClaim claim;
+  std::optional<transport::RemoteRing> ring;
+};
+
 }  // namespace
 
 struct DeviceRings::Impl {
   Impl(const transport::DeviceRingDescriptor& tx_ring,
        const transport::DeviceRingDescriptor& rx_ring)
-      : device(current_device()), tx(tx_ring, ipc_cache()), rx(rx_ring, ipc_cache()) {}
-  static int current_device() {
-    int d = 0;
-    MUON_CUDA_CHECK(cudaGetDevice(&d));
-    return d;
+      : device(current_device()), tx(tx_ring), rx(rx_ring) {
+    copied_in.assign(tx_ring.slots, nullptr);
+    try {
+      for (auto& e : copied_in) {
+        MUON_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      }
+    } catch (...) {
+      destroy_events();
+      throw;
+    }
+  }
+  ~Impl() {
+    MUON_CUDA_CHECK_NOTHROW(cudaSetDevice(device));
+    // Nothing may still read or write the mapped memory when it is unmapped.
+    MUON_CUDA_CHECK_NOTHROW(cudaStreamSynchronize(reader_stream.get()));
+    MUON_CUDA_CHECK_NOTHROW(cudaStreamSynchronize(host_push_stream.get()));
+    for (auto e : copied_in) {
+      if (e) MUON_CUDA_CHECK_NOTHROW(cudaEventSynchronize(e));
+    }
+    destroy_events();
+    rx.ring.reset();
+    tx.ring.reset();
+    // The claims go next (members in reverse order: rx, then tx), unmapping the allocations.
+  }
+  void destroy_events() noexcept {
+    for (auto& e : copied_in) {
+      if (e) MUON_CUDA_CHECK_NOTHROW(cudaEventDestroy(e));
+      e = nullptr;
+    }
   }
   int device;
-  transport::RemoteRing tx, rx;
+  ClaimedRing tx, rx;
   DeviceStream host_push_stream;
   DeviceStream reader_stream;
+  // Per tx slot: recorded after each copy_in (on whatever stream), waited for before unmapping.
+  std::vector<cudaEvent_t> copied_in;
 };
 
 DeviceRings::DeviceRings(const transport::DeviceRingDescriptor& tx,
@@ -41,15 +121,20 @@ DeviceRings::DeviceRings(const transport::DeviceRingDescriptor& tx,
 DeviceRings::~DeviceRings() = default;
 
 uint64_t DeviceRings::slot_bytes() const {
-  return impl_->tx.slot_bytes();
+  return impl_->tx.ring->slot_bytes();
+}
+
+int DeviceRings::device() const {
+  return impl_->device;
 }
 
 void DeviceRings::copy_in(uint32_t slot, const void* src, size_t bytes, StreamHandle stream) {
-  impl_->tx.copy_in(slot, src, bytes, stream);
+  impl_->tx.ring->copy_in(slot, src, bytes, stream);
+  MUON_CUDA_CHECK(cudaEventRecord(impl_->copied_in.at(slot), stream));
 }
 
 void DeviceRings::copy_in_host(uint32_t slot, const void* src, size_t bytes) {
-  impl_->tx.copy_in(slot, src, bytes, impl_->host_push_stream.get());
+  copy_in(slot, src, bytes, impl_->host_push_stream.get());
 }
 
 void DeviceRings::sync_host_pushes() {
@@ -65,16 +150,16 @@ StreamHandle DeviceRings::reader_stream() const {
 }
 
 void DeviceRings::copy_out(uint32_t slot, void* dst, size_t bytes) {
-  impl_->rx.copy_out(slot, dst, bytes, impl_->reader_stream.get());
+  impl_->rx.ring->copy_out(slot, dst, bytes, impl_->reader_stream.get());
 }
 
 void DeviceRings::copy_out_to_host(uint32_t slot, void* dst, size_t bytes) {
-  impl_->rx.copy_out(slot, dst, bytes, impl_->reader_stream.get());
+  impl_->rx.ring->copy_out(slot, dst, bytes, impl_->reader_stream.get());
   impl_->reader_stream.synchronize();
 }
 
 void DeviceRings::release(uint32_t slot) {
-  impl_->rx.mark_free(slot, impl_->reader_stream.get());
+  impl_->rx.ring->mark_free(slot, impl_->reader_stream.get());
 }
 
 }  // namespace muon::client

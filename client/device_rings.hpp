@@ -28,17 +28,25 @@ class DeviceRings {
   /// Throws BackendUnavailable (built without CUDA), DeviceError (no usable GPU, CUDA refuses
   /// a handle), InvalidArgument (an inconsistent descriptor).
   DeviceRings(const transport::DeviceRingDescriptor& tx, const transport::DeviceRingDescriptor& rx);
+  /// Waits for the reader and host-push streams and for every copy_in so far (on whatever
+  /// stream), destroys the rings' events, and unmaps each ring's allocation once no other
+  /// DeviceRings of this process uses it (cudaIpcCloseMemHandle): the server may free the
+  /// exported memory only after this (CUDA: freeing it while another process maps it is
+  /// undefined). Never throws (reports CUDA failures).
   ~DeviceRings();
   DeviceRings(const DeviceRings&) = delete;
   DeviceRings& operator=(const DeviceRings&) = delete;
 
   /// Bytes of one slot (both rings).
   uint64_t slot_bytes() const;
+  /// The CUDA device the rings were opened on.
+  int device() const;
 
   // ---- tx ring (the caller's threads) -------------------------------------------------------
   /// On `stream`: waits until the server freed tx slot `slot`, copies `bytes` from `src` (device
   /// memory of this process) into it, records the slot's ready event. Returns once enqueued: the
-  /// source must stay alive and unchanged until `stream` has passed the copy.
+  /// source must stay alive and unchanged until `stream` has passed the copy. The rings' device
+  /// must be current and `stream` one of its streams (Connection::push_device sees to both).
   /// Throws InvalidArgument (bytes > slot_bytes, slot out of range), DeviceError.
   void copy_in(uint32_t slot, const void* src, size_t bytes, StreamHandle stream);
   /// The same from host memory (pageable or pinned) on the rings' own host-push stream; the

@@ -3,6 +3,7 @@
 #include "client/device_copy.hpp"
 #include "client/device_hold.hpp"
 #include "client/device_rings.hpp"
+#include "client/device_scope.hpp"
 #include "core/error.hpp"
 
 namespace muon::client {
@@ -33,6 +34,15 @@ void copy_host_to_device(void*, const void*, size_t, StreamHandle) {
   unavailable("host to device copy");
 }
 
+DeviceScope::DeviceScope(int) {
+  unavailable("device scope");
+}
+DeviceScope::~DeviceScope() = default;
+
+void require_stream_on_device(StreamHandle, int, int, const std::string& what) {
+  unavailable(what.c_str());
+}
+
 struct DeviceRings::Impl {};
 
 DeviceRings::DeviceRings(const transport::DeviceRingDescriptor&,
@@ -41,6 +51,9 @@ DeviceRings::DeviceRings(const transport::DeviceRingDescriptor&,
 }
 DeviceRings::~DeviceRings() = default;
 uint64_t DeviceRings::slot_bytes() const {
+  unavailable("data plane cuda_ipc");
+}
+int DeviceRings::device() const {
   unavailable("data plane cuda_ipc");
 }
 void DeviceRings::copy_in(uint32_t, const void*, size_t, StreamHandle) {

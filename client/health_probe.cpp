@@ -9,22 +9,25 @@
 
 #include "client/client_error.hpp"
 #include "transport/asio.hpp"
+#include "transport/endpoint.hpp"
 #include "transport/frame.hpp"
 
 namespace muon::client {
 namespace {
 
 namespace asio = boost::asio;
-using local = asio::local::stream_protocol;
 
-// One request/answer exchange on a fresh connection, given `budget` to complete: a peer that
-// accepts and never answers (something else listening, a wedged process) must not hang the
-// caller. Throws boost::system::system_error (connect, I/O) or ProtocolError (not our protocol,
-// no answer in time).
+// One request/answer exchange on a fresh connection to `path` (a socket path or
+// "tcp://HOST:PORT"), given `budget` to complete: a peer that accepts and never answers
+// (something else listening, a wedged process) must not hang the caller. Throws
+// boost::system::system_error (connect, I/O), ProtocolError (not our protocol, no answer in
+// time) or InvalidArgument (a malformed endpoint, a host that does not resolve).
 transport::Frame exchange(const std::string& path, transport::MessageType type,
                           std::chrono::milliseconds budget) {
   asio::io_context io;
-  local::socket s(io);
+  const transport::Endpoint where = transport::parse_endpoint(path);
+  const auto address = transport::resolve(where, io);
+  asio::generic::stream_protocol::socket s(io);
   const auto bytes = transport::encode_frame({static_cast<uint16_t>(type), 1, "{}"});
   transport::FrameDecoder dec;
   std::array<std::byte, 64 * 1024> buf;
@@ -50,11 +53,12 @@ transport::Frame exchange(const std::string& path, transport::MessageType type,
       read_more();
     });
   };
-  s.async_connect(local::endpoint(path), [&](boost::system::error_code ec) {
+  s.async_connect(address, [&](boost::system::error_code ec) {
     if (ec) {
       failed = ec;
       return;
     }
+    transport::tune_connected(s, where);
     asio::async_write(s, asio::buffer(bytes), [&](boost::system::error_code wec, size_t) {
       if (wec) {
         failed = wec;
@@ -114,6 +118,13 @@ transport::HealthOk wait_healthy(const std::string& socket_path,
 }
 
 std::string fetch_status(const std::string& socket_path, std::chrono::milliseconds timeout) {
+  if (transport::parse_endpoint(socket_path).is_tcp()) {
+    throw InvalidArgument(
+        "status of muon-offloadd at '" + socket_path +
+        "' is not available over TCP: a TCP peer gets nothing but health before a token-checked "
+        "hello; ask on the server's node through its Unix socket (muon-offload status --socket "
+        "PATH)");
+  }
   return retry(socket_path, timeout, "status request",
                [&](std::chrono::milliseconds budget) -> std::optional<std::string> {
                  auto f = exchange(socket_path, transport::MessageType::status, budget);

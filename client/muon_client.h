@@ -37,19 +37,29 @@ typedef struct muon_client muon_client;
 /* The message of the last failure on this thread ("" when none). */
 const char* muon_last_error(void);
 
-/* Connects a compute rank to `n_servers` servers (Unix socket paths). */
+/* Connects a compute rank to `n_servers` servers: Unix socket paths, or "tcp://HOST:PORT" for a
+ * server's TCP control plane (the token then comes from the file named by the environment
+ * variable MUON_OFFLOAD_TOKEN_FILE, or is passed to muon_client_create_auth). */
 int muon_client_create(const char* const* servers, int n_servers, int rank, int world_size,
                        const char* name, int64_t connect_timeout_ms, int64_t op_timeout_ms,
                        muon_client** out);
 /* muon_client_create with the data plane of every connection: "shm" (also NULL or ""; host
- * shared memory) or "cuda_ipc" (the servers' device rings over CUDA IPC, same node, servers on
- * the CUDA backend). cuda_ipc opens the rings on the CUDA device current on the calling thread:
- * make the trainer's device current first (cudaSetDevice). A server that cannot serve cuda_ipc
- * refuses with MUON_ERR_SERVER and its reason; a client without CUDA or GPU fails with
- * MUON_ERR_UNAVAILABLE or MUON_ERR_DEVICE. */
+ * shared memory), "cuda_ipc" (the servers' device rings over CUDA IPC, same node, servers on
+ * the CUDA backend) or "nccl" (NCCL point-to-point with servers on the CUDA backend built with
+ * NCCL, e.g. on another node). cuda_ipc and nccl work on the CUDA device current on the calling
+ * thread: make the trainer's device current first (cudaSetDevice). A server that cannot serve
+ * the data plane refuses with MUON_ERR_SERVER and its reason; a client without CUDA, NCCL or GPU
+ * fails with MUON_ERR_UNAVAILABLE or MUON_ERR_DEVICE. */
 int muon_client_create_ex(const char* const* servers, int n_servers, int rank, int world_size,
                           const char* name, int64_t connect_timeout_ms, int64_t op_timeout_ms,
                           const char* data_plane, muon_client** out);
+/* muon_client_create_ex with the servers' shared secret for tcp:// endpoints (muon-offloadd
+ * --auth-token-file; sent in the hello over TCP only, never over a Unix socket). NULL or "":
+ * read from the file named by MUON_OFFLOAD_TOKEN_FILE when a tcp endpoint is given. A tcp
+ * server refuses a missing or wrong token with MUON_ERR_SERVER ("unauthorized"). */
+int muon_client_create_auth(const char* const* servers, int n_servers, int rank, int world_size,
+                            const char* name, int64_t connect_timeout_ms, int64_t op_timeout_ms,
+                            const char* data_plane, const char* auth_token, muon_client** out);
 void muon_client_destroy(muon_client* c);
 /* 1 when this library was built with CUDA (the *_device functions and cuda_ipc can work). */
 int muon_client_has_cuda(void);

@@ -1,0 +1,25 @@
+#include "client/auth_token_source.hpp"
+
+#include <cstdlib>
+
+#include "core/error.hpp"
+#include "transport/auth_token.hpp"
+#include "transport/endpoint.hpp"
+
+namespace muon::client {
+
+std::string auth_token_for(const std::string& configured,
+                           const std::vector<std::string>& endpoints) {
+  if (!configured.empty()) return configured;
+  bool any_tcp = false;
+  for (const auto& e : endpoints) any_tcp = any_tcp || transport::parse_endpoint(e).is_tcp();
+  const char* file = std::getenv(kTokenFileEnv);
+  if (!any_tcp || file == nullptr || *file == '\0') return "";
+  try {
+    return transport::read_auth_token(file);
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(e.message() + " (named by " + kTokenFileEnv + ")");
+  }
+}
+
+}  // namespace muon::client

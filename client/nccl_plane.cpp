@@ -1,0 +1,134 @@
+#include "client/nccl_plane.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <optional>
+
+#include "core/cuda_check.hpp"
+#include "transport/nccl_comm.hpp"
+
+namespace muon::client {
+
+namespace {
+
+TileDType tile_dtype(transport::DType d) {
+  return d == transport::DType::bf16 ? TileDType::bf16 : TileDType::f32;
+}
+
+// cudaMalloc'd bytes, freed with the object.
+struct DeviceBuffer {
+  explicit DeviceBuffer(size_t n) : bytes(n) {
+    if (n > 0) MUON_CUDA_CHECK(cudaMalloc(&data, n));
+  }
+  ~DeviceBuffer() {
+    if (data) MUON_CUDA_CHECK_NOTHROW(cudaFree(data));
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  size_t bytes = 0;
+  void* data = nullptr;
+};
+
+int current_device() {
+  int d = 0;
+  MUON_CUDA_CHECK(cudaGetDevice(&d));
+  return d;
+}
+
+}  // namespace
+
+struct NcclPlane::Impl {
+  Impl(const transport::NcclIdBytes& tx_id, const transport::NcclIdBytes& rx_id,
+       uint64_t slot_bytes, std::chrono::milliseconds timeout)
+      : device(current_device()),
+        tx_stage(slot_bytes),
+        rx_stage(slot_bytes),
+        tx(tx_id, 2, 1, timeout),  // the server joins tx first, then rx: same order here
+        rx(rx_id, 2, 1, timeout) {}
+  size_t check_fits(size_t count, transport::DType dtype, const char* what) const {
+    const size_t bytes = count * transport::dtype_bytes(dtype);
+    if (bytes > tx_stage.bytes) {
+      throw InvalidArgument(std::string("nccl data plane: ") + what + " of " +
+                            std::to_string(bytes) + " bytes is larger than a slot (" +
+                            std::to_string(tx_stage.bytes) + " bytes)");
+    }
+    return bytes;
+  }
+  int device;
+  DeviceBuffer tx_stage, rx_stage;  // host pushes; momentum and chunks this client does not keep
+  DeviceStream push_stream;
+  DeviceStream reader_stream;
+  transport::NcclComm tx, rx;  // declared last: finalized before the streams and buffers go
+};
+
+bool NcclPlane::built() {
+  return true;
+}
+
+NcclPlane::NcclPlane(const transport::NcclIdBytes& tx_id, const transport::NcclIdBytes& rx_id,
+                     uint64_t slot_bytes, std::chrono::milliseconds timeout)
+    : impl_(std::make_unique<Impl>(tx_id, rx_id, slot_bytes, timeout)) {}
+
+NcclPlane::~NcclPlane() {
+  synchronize();
+}
+
+int NcclPlane::device() const {
+  return impl_->device;
+}
+
+void NcclPlane::send(const void* device_src, size_t count, transport::DType dtype,
+                     StreamHandle stream) {
+  const transport::SendTile tile{device_src, count, tile_dtype(dtype)};
+  impl_->tx.send(0, {&tile, 1}, stream);
+}
+
+void NcclPlane::send_host(const void* host_src, size_t count, transport::DType dtype) {
+  const size_t bytes = impl_->check_fits(count, dtype, "a host push");
+  const auto stream = impl_->push_stream.get();
+  if (bytes > 0) {
+    MUON_CUDA_CHECK(
+        cudaMemcpyAsync(impl_->tx_stage.data, host_src, bytes, cudaMemcpyHostToDevice, stream));
+  }
+  send(impl_->tx_stage.data, count, dtype, stream);
+  // The staging buffer is reused by the next push, and the caller may reuse host_src.
+  impl_->tx.wait(stream, std::chrono::minutes(10));
+}
+
+void NcclPlane::enter_reader_thread() {
+  MUON_CUDA_CHECK(cudaSetDevice(impl_->device));
+}
+
+StreamHandle NcclPlane::reader_stream() const {
+  return impl_->reader_stream.get();
+}
+
+void NcclPlane::recv(void* device_dst, size_t count, transport::DType dtype) {
+  const transport::RecvTile tile{device_dst, count, tile_dtype(dtype)};
+  impl_->rx.recv(0, {&tile, 1}, impl_->reader_stream.get());
+}
+
+void NcclPlane::recv_to_host(void* host_dst, size_t count, transport::DType dtype) {
+  const size_t bytes = impl_->check_fits(count, dtype, "a received chunk");
+  const auto stream = impl_->reader_stream.get();
+  recv(impl_->rx_stage.data, count, dtype);
+  if (bytes > 0) {
+    MUON_CUDA_CHECK(
+        cudaMemcpyAsync(host_dst, impl_->rx_stage.data, bytes, cudaMemcpyDeviceToHost, stream));
+  }
+  impl_->rx.wait(stream, std::chrono::minutes(10));
+}
+
+void NcclPlane::discard(size_t count, transport::DType dtype) {
+  impl_->check_fits(count, dtype, "a received chunk");
+  // Stream-ordered after the previous receive into the staging buffer: no wait needed.
+  recv(impl_->rx_stage.data, count, dtype);
+}
+
+void NcclPlane::synchronize() noexcept {
+  MUON_CUDA_CHECK_NOTHROW(cudaSetDevice(impl_->device));
+  MUON_CUDA_CHECK_NOTHROW(cudaStreamSynchronize(impl_->reader_stream.get()));
+  MUON_CUDA_CHECK_NOTHROW(cudaStreamSynchronize(impl_->push_stream.get()));
+}
+
+}  // namespace muon::client

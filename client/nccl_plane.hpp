@@ -1,0 +1,74 @@
+// The nccl data plane of one session, as the client sees it: the session's two NCCL communicators
+// of 2 ranks (server rank 0, this client rank 1; transport/nccl_comm.hpp), joined from the ids of
+// hello_ok, with the client's own streams and staging buffers. Gradients go out with ncclSend on
+// the tx communicator after their push frame; updates come back with ncclRecv on the rx
+// communicator, posted by the reader thread when their update frame arrives (the server posts
+// the matching calls in frame order). Plain C++ header (no CUDA or NCCL types); the
+// implementation is nccl_plane.cpp in builds with NCCL and nccl_unavailable.cpp otherwise.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+
+#include "kernels/device_stream.hpp"
+#include "transport/messages.hpp"
+#include "transport/nccl_id.hpp"
+
+namespace muon::client {
+
+class NcclPlane {
+ public:
+  /// True when this client library was built with NCCL (the plane can work).
+  static bool built();
+
+  /// Joins the tx communicator, then the rx one, as rank 1 of 2 on the current CUDA device,
+  /// waiting up to `timeout` for each (the server joins both on a thread of its own); allocates
+  /// two staging buffers of `slot_bytes` (device memory). Throws BackendUnavailable (built
+  /// without NCCL), DeviceError (no usable GPU, NCCL refuses or times out; e.g. NCCL refuses two
+  /// ranks of one communicator on the same GPU).
+  NcclPlane(const transport::NcclIdBytes& tx_id, const transport::NcclIdBytes& rx_id,
+            uint64_t slot_bytes, std::chrono::milliseconds timeout);
+  /// Waits for the plane's streams, then finalizes both communicators (NcclComm's destructor).
+  ~NcclPlane();
+  NcclPlane(const NcclPlane&) = delete;
+  NcclPlane& operator=(const NcclPlane&) = delete;
+
+  /// The CUDA device the communicators live on.
+  int device() const;
+
+  // ---- tx communicator (pushing threads, one at a time: the caller serializes) -------------
+  /// Enqueues on `stream` an ncclSend to the server of `count` elements of `dtype` at
+  /// `device_src` (device memory of the plane's device). Returns once NCCL has enqueued it; the
+  /// source must stay alive and unchanged until `stream` has passed the send.
+  /// Throws DeviceError (NCCL: the communicator is then aborted).
+  void send(const void* device_src, size_t count, transport::DType dtype, StreamHandle stream);
+  /// The same from host memory: copies into the tx staging buffer on the plane's push stream,
+  /// sends from there, and waits for the stream (the caller may reuse `host_src` on return).
+  /// Throws InvalidArgument (more than slot_bytes), DeviceError.
+  void send_host(const void* host_src, size_t count, transport::DType dtype);
+
+  // ---- rx communicator (the connection's reader thread only) -------------------------------
+  /// Makes the plane's device current on the calling thread.
+  void enter_reader_thread();
+  /// The reader's stream (non-blocking): receives into holding buffers run there.
+  StreamHandle reader_stream() const;
+  /// Enqueues on the reader stream an ncclRecv from the server of `count` elements of `dtype`
+  /// into `device_dst`. Returns once enqueued. Throws DeviceError.
+  void recv(void* device_dst, size_t count, transport::DType dtype);
+  /// The same into host memory through the rx staging buffer; returns once the values are in
+  /// `host_dst`. Throws InvalidArgument (more than slot_bytes), DeviceError.
+  void recv_to_host(void* host_dst, size_t count, transport::DType dtype);
+  /// Receives a chunk this client does not keep (into the rx staging buffer): the server sent
+  /// it, so a matching ncclRecv must be posted. Throws as recv_to_host.
+  void discard(size_t count, transport::DType dtype);
+
+  /// Blocks until the reader's and the push stream's work is done. Never throws (reports).
+  void synchronize() noexcept;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace muon::client
