@@ -10,14 +10,6 @@
 
 namespace muon {
 
-StreamPriority parse_stream_priority(std::string_view name) {
-  if (name == "normal") return StreamPriority::normal;
-  if (name == "low") return StreamPriority::low;
-  if (name == "high") return StreamPriority::high;
-  throw InvalidArgument("unknown stream priority '" + std::string(name) +
-                        "' (known: normal, low, high)");
-}
-
 int stream_priority_value(StreamPriority priority) {
   int least = 0, greatest = 0;
   MUON_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
