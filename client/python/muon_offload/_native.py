@@ -135,6 +135,8 @@ def _declare(lib: ctypes.CDLL) -> None:
                                    ctypes.POINTER(ctypes.c_void_p)]),
         "muon_client_create_ex": (i, [ctypes.POINTER(cp), i, i, i, cp, i64, i64, cp,
                                       ctypes.POINTER(ctypes.c_void_p)]),
+        "muon_client_create_auth": (i, [ctypes.POINTER(cp), i, i, i, cp, i64, i64, cp, cp,
+                                        ctypes.POINTER(ctypes.c_void_p)]),
         "muon_client_destroy": (None, [h]),
         "muon_client_has_cuda": (i, []),
         "muon_client_register": (i, [h, cp, c_int64_p, i, cp, cp, cp, c_int64_p, i, c_int64_p, i,

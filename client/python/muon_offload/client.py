@@ -5,11 +5,19 @@ bfloat16 for a "bf16" gradient/update dtype). CUDA tensors are accepted by ``pus
 ``wait_update`` (the device entry points of the C ABI, on the tensor's current torch stream); every
 other buffer must be on the CPU. Nothing here imports torch unless given a CUDA tensor.
 
+Servers are Unix socket paths, or ``"tcp://HOST:PORT"`` for a server's TCP control plane (another
+node): the server's token (``auth_token=``, else the file named by ``MUON_OFFLOAD_TOKEN_FILE``)
+is sent in the hello over TCP only; a missing or wrong one is refused with
+:class:`~muon_offload.ServerError` ("unauthorized").
+
 Data plane (``data_plane=``, or the environment variable ``MUON_OFFLOAD_DATA_PLANE``): ``"shm"``
-(default; host shared memory, any server) or ``"cuda_ipc"`` (the server's device rings over CUDA
-IPC, same node, a server on the CUDA backend: gradients go from the trainer's GPU to the server's
-with no host staging). With ``cuda_ipc`` create the client with the trainer's device current
-(``torch.cuda.set_device``); a CPU server refuses it with :class:`~muon_offload.ServerError`.
+(default; host shared memory, a server on this node), ``"cuda_ipc"`` (the server's device rings
+over CUDA IPC, same node, a server on the CUDA backend: gradients go from the trainer's GPU to the
+server's with no host staging) or ``"nccl"`` (NCCL point-to-point with a CUDA server built with
+NCCL, e.g. over ``tcp://`` on another node; not with a server on the same GPU). With ``cuda_ipc``
+or ``nccl`` create the client with the trainer's device current (``torch.cuda.set_device``); a CPU
+server refuses them with :class:`~muon_offload.ServerError`, a library built without NCCL refuses
+``nccl`` with :class:`~muon_offload.BackendUnavailable`.
 
 Typical step of compute rank r (what :class:`muon_offload.torch.OffloadMuon` does for you)::
 
@@ -34,12 +42,12 @@ Range = Tuple[int, int]
 
 _DTYPE_BYTES = {"f32": 4, "fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2}
 
-DATA_PLANES = ("shm", "cuda_ipc")
+DATA_PLANES = ("shm", "cuda_ipc", "nccl")
 
 
 def data_plane_from(value: Optional[str]) -> str:
     """The data plane to use: ``value``, else ``$MUON_OFFLOAD_DATA_PLANE``, else ``"shm"``.
-    Raises InvalidArgument naming the source for anything but "shm" or "cuda_ipc"."""
+    Raises InvalidArgument naming the source for anything but "shm", "cuda_ipc" or "nccl"."""
     source = "data_plane"
     if value is None:
         value = os.environ.get("MUON_OFFLOAD_DATA_PLANE", "")
@@ -66,6 +74,20 @@ def _cuda_buffer(x, what: str, stream) -> Tuple[int, int, int]:
         stream = torch.cuda.current_stream(x.device)
     handle = int(getattr(stream, "cuda_stream", stream) or 0)
     return x.data_ptr(), x.numel() * x.element_size(), handle
+
+
+def _record_stream(x, stream) -> None:
+    """Tells torch's caching allocator that ``stream`` (a caller's ``stream=``: a
+    torch.cuda.Stream or a raw cudaStream_t) uses CUDA tensor ``x``, so that its memory is not
+    reused before the work queued there (a copy or NCCL transfer of the client) is done. None (the
+    current stream, taken as the tensor's allocation stream) records nothing; recording the
+    allocation stream itself is a no-op for the allocator."""
+    if stream is None or not hasattr(x, "record_stream"):
+        return
+    import torch
+    if not isinstance(stream, torch.cuda.Stream):
+        stream = torch.cuda.ExternalStream(int(stream or 0), device=x.device)
+    x.record_stream(stream)
 
 
 def _buffer(x, what: str) -> Tuple[int, int]:
@@ -100,16 +122,22 @@ def options_json(options: Optional[Mapping]) -> bytes:
 
 
 class Client:
-    """One compute rank's connection to the job's servers (Unix socket paths).
+    """One compute rank's connection to the job's servers (Unix socket paths or
+    ``"tcp://HOST:PORT"``).
+
+    ``auth_token`` (str, optional): the servers' shared secret (muon-offloadd
+    --auth-token-file), sent in the hello on ``tcp://`` endpoints only; None: read from the file
+    named by ``MUON_OFFLOAD_TOKEN_FILE`` when a tcp endpoint is given.
 
     Raises :class:`~muon_offload.ConnectionLost` naming the socket when a server is unreachable
-    within ``connect_timeout_ms``. Not thread-safe by itself; this wrapper serialises calls with
+    within ``connect_timeout_ms``; :class:`~muon_offload.ServerError` when a server refuses the
+    hello (the data plane; "unauthorized": a missing or wrong token over TCP). Not thread-safe by itself; this wrapper serialises calls with
     a lock so that autograd hooks on other threads may use it.
     """
 
     def __init__(self, servers: Sequence[str], rank: int = 0, world_size: int = 1,
                  name: str = "", connect_timeout_ms: int = 10000, op_timeout_ms: int = 120000,
-                 data_plane: Optional[str] = None):
+                 data_plane: Optional[str] = None, auth_token: Optional[str] = None):
         if isinstance(servers, str):
             servers = [s for s in servers.split(",") if s]
         servers = [str(s) for s in servers]
@@ -124,10 +152,12 @@ class Client:
         self._mu = threading.RLock()
         self._h = None
         self._registered = {}
-        check(self._lib.muon_client_create_ex(arr, len(servers), self.rank, self.world_size,
-                                              (name or f"rank {rank}").encode(),
-                                              int(connect_timeout_ms), int(op_timeout_ms),
-                                              self.data_plane.encode(), ctypes.byref(handle)),
+        token = None if auth_token is None else str(auth_token).encode()
+        check(self._lib.muon_client_create_auth(arr, len(servers), self.rank, self.world_size,
+                                                (name or f"rank {rank}").encode(),
+                                                int(connect_timeout_ms), int(op_timeout_ms),
+                                                self.data_plane.encode(), token,
+                                                ctypes.byref(handle)),
               f"connecting rank {rank} to {', '.join(servers)} (data plane {self.data_plane})")
         self._h = handle
 
@@ -190,9 +220,11 @@ class Client:
         current torch stream of its device), ordered after the work queued there: with
         ``cuda_ipc`` straight into the server's GPU, returning once the copies are enqueued (keep
         ``data`` alive and unchanged until the stream has passed them; a tensor allocated on that
-        stream may simply be dropped, the caching allocator orders its reuse), with ``shm``
-        staged through host memory. Raises DeviceError / BackendUnavailable when CUDA cannot
-        serve it; nothing is pushed then."""
+        stream may simply be dropped, the caching allocator orders its reuse; with an explicit
+        ``stream=`` the tensor is recorded on it, ``record_stream``), with ``nccl`` sent with
+        ncclSend on the stream (same rule), with ``shm`` staged through host memory. The stream
+        must belong to the client's device (InvalidArgument naming both otherwise). Raises
+        DeviceError / BackendUnavailable when CUDA cannot serve it; nothing is pushed then."""
         if count is None:
             count = data.numel() if hasattr(data, "numel") and callable(data.numel) else data.size
         if _is_cuda(data):
@@ -201,6 +233,7 @@ class Client:
                 check(self._lib.muon_client_push_device(
                     self._handle(), name.encode(), int(step), int(offset), ctypes.c_void_p(ptr),
                     int(count), ctypes.c_void_p(s)), f"push of '{name}' step {step}")
+            _record_stream(data, stream)
             return
         ptr, nbytes = _buffer(data, f"push '{name}'")
         with self._mu:
@@ -220,7 +253,8 @@ class Client:
 
         A CUDA ``out`` goes through ``muon_client_wait_update_device``: the values are there for
         work queued on ``stream`` (default: the current torch stream of its device) after this
-        call. Raises DeviceError / BackendUnavailable when CUDA cannot serve it; the update then
+        call; with an explicit ``stream=``, ``out`` is recorded on it (``record_stream``) so that
+        torch does not reuse its memory while the copy is queued. Raises DeviceError / BackendUnavailable when CUDA cannot serve it; the update then
         stays held (a later wait of the step still gets it)."""
         applied = ctypes.c_int(1)
         if _is_cuda(out):
@@ -230,6 +264,7 @@ class Client:
                     self._handle(), name.encode(), int(step), ctypes.c_void_p(ptr), nbytes,
                     ctypes.c_void_p(s), ctypes.byref(applied)),
                     f"update of '{name}' step {step}")
+            _record_stream(out, stream)
             return bool(applied.value)
         ptr, nbytes = _buffer(out, f"update of '{name}'")
         with self._mu:
