@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 
 #include "client/auth_token_source.hpp"
 #include "client/device_copy.hpp"
+#include "transport/endpoint.hpp"
 
 namespace muon::client {
 
@@ -25,11 +27,19 @@ Client::~Client() {
 void Client::connect_all() {
   connections_.clear();
   const std::string token = auth_token_for(config_.auth_token, config_.servers);
+  auto remote = config_.remote_data_plane;
+  if (!remote) {
+    if (const char* env = std::getenv("MUON_OFFLOAD_REMOTE_DATA_PLANE"); env && *env) {
+      remote = transport::parse_data_plane(env);
+    }
+  }
   for (const auto& path : config_.servers) {
+    const bool tcp = transport::parse_endpoint(path).is_tcp();
     connections_.push_back(std::make_unique<Connection>(
         path, config_.rank, config_.world_size,
         config_.name.empty() ? "rank " + std::to_string(config_.rank) : config_.name,
-        config_.connect_timeout, config_.op_timeout, config_.data_plane, token));
+        config_.connect_timeout, config_.op_timeout, tcp && remote ? *remote : config_.data_plane,
+        token));
     connections_.back()->set_update_callback(
         [this](const std::string& name, int64_t step) { on_update_complete(name, step); });
   }

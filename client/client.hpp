@@ -23,6 +23,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,10 @@ struct ClientConfig {
   /// (BackendUnavailable otherwise, before connecting) and a server on the CUDA backend built
   /// with NCCL, on another GPU than the client's (NCCL refuses two ranks on one GPU).
   transport::DataPlane data_plane = transport::DataPlane::shm;
+  /// The data plane of tcp:// endpoints (servers on other nodes, where shm and cuda_ipc cannot
+  /// reach): when unset, $MUON_OFFLOAD_REMOTE_DATA_PLANE ("nccl" as the launcher sets it for a
+  /// plan spanning hosts), else `data_plane`.
+  std::optional<transport::DataPlane> remote_data_plane;
   /// The servers' shared secret (muon-offloadd --auth-token-file), sent in the hello on tcp
   /// endpoints only. Empty: read from the file named by MUON_OFFLOAD_TOKEN_FILE when a tcp
   /// endpoint is configured (client/auth_token_source.hpp). A tcp server refuses a hello without

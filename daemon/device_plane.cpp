@@ -66,7 +66,7 @@ struct NcclSession {
   std::unique_ptr<transport::NcclComm> tx_comm, rx_comm;  // set by the joining thread
   std::unique_ptr<DeviceStream> recv_stream, send_stream;
   OwnedEvent sent;  // the last transfer of send_stream, for the return stream to wait on
-  std::atomic<bool> ready{false};
+  std::atomic<bool> ready{false}, failed{false};
 };
 #endif
 
@@ -77,8 +77,17 @@ class DeviceSessionRings {
   transport::DeviceRing tx, rx;
 #if defined(MUON_HAVE_NCCL)
   std::shared_ptr<NcclSession> nccl;  // null on the cuda_ipc plane
+  /// The communicators, once joined. The client pushes only after its own join returned, which
+  /// can be a moment before the joining thread here has marked them ready: wait for that (up to
+  /// 30 s) rather than refuse the push.
   NcclSession& joined() const {
-    if (!nccl->ready) throw InvalidArgument("the session's NCCL communicators are not joined yet");
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!nccl->ready) {
+      if (nccl->failed || std::chrono::steady_clock::now() > give_up) {
+        throw InvalidArgument("the session's NCCL communicators are not joined");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     return *nccl;
   }
 #endif
@@ -487,6 +496,7 @@ void DevicePlane::join_nccl(const DeviceRingsPtr& rings, std::chrono::millisecon
       n->ready = true;
       done("");
     } catch (const std::exception& e) {
+      n->failed = true;
       done(e.what());
     }
   }).detach();

@@ -257,13 +257,14 @@ void Engine::on_hello(const SessionPtr& s, const Frame& f) {
       return;
     }
     // Chunks that waited for a credit: their element size says their dtype (2: bf16).
-    s->use_device_rings(rings, l.rx_slots,
-                        [dev = device_.get(), rings](uint32_t slot, const transport::Update& u,
-                                                     const std::vector<std::byte>& d) {
-                          const bool bf16 = d.size() == 2 * static_cast<size_t>(u.count);
-                          dev->send_host(*rings, slot, d.data(), d.size(),
-                                         bf16 ? DType::bf16 : DType::f32);
-                        });
+    s->use_device_rings(
+        rings, l.rx_slots,
+        [dev = device_.get(), rings](uint32_t slot, const transport::Update& u,
+                                     const std::vector<std::byte>& d) {
+          const bool bf16 = d.size() == 2 * static_cast<size_t>(u.count);
+          dev->send_host(*rings, slot, d.data(), d.size(), bf16 ? DType::bf16 : DType::f32);
+        },
+        m.data_plane == transport::DataPlane::nccl);
     ok.data_plane = m.data_plane;
     if (m.data_plane == transport::DataPlane::nccl) {
       ok.nccl_tx_id = DevicePlane::nccl_tx_id(*rings);

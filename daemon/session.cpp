@@ -79,10 +79,12 @@ void Session::send_chunk(transport::Update msg, std::vector<std::byte> data) {
   flush_chunks();
 }
 
-void Session::use_device_rings(DeviceRingsPtr rings, uint32_t rx_slots, RxWriter writer) {
+void Session::use_device_rings(DeviceRingsPtr rings, uint32_t rx_slots, RxWriter writer,
+                               bool frame_first) {
   device_rings = std::move(rings);
   device_rx_slots_ = rx_slots;
   rx_writer_ = std::move(writer);
+  frame_first_ = frame_first;
 }
 
 std::optional<uint32_t> Session::free_rx_slot() {
@@ -101,10 +103,11 @@ bool Session::send_chunk_direct(transport::Update msg,
   if (!pending_.empty()) return false;  // chunks go out in order
   const auto slot = free_rx_slot();
   if (!slot) return false;
-  write(*slot);
   rx_busy_[*slot] = true;
   msg.slot = *slot;
+  if (!frame_first_) write(*slot);
   send(MessageType::update, transport::encode(msg));
+  if (frame_first_) write(*slot);
   return true;
 }
 
@@ -113,16 +116,20 @@ void Session::flush_chunks() {
   while (!pending_.empty()) {
     const auto slot = free_rx_slot();
     if (!slot) return;
-    auto& [msg, data] = pending_.front();
-    if (rx_writer_) {
-      rx_writer_(*slot, msg, data);
-    } else {
-      std::memcpy(segment->rx_slot(*slot), data.data(), data.size());
-    }
+    auto [msg, data] = std::move(pending_.front());
+    pending_.pop_front();
     rx_busy_[*slot] = true;
     msg.slot = *slot;
+    const auto write = [&] {
+      if (rx_writer_) {
+        rx_writer_(*slot, msg, data);
+      } else {
+        std::memcpy(segment->rx_slot(*slot), data.data(), data.size());
+      }
+    };
+    if (!frame_first_) write();
     send(MessageType::update, transport::encode(msg));
-    pending_.pop_front();
+    if (frame_first_) write();
   }
 }
 

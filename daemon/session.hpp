@@ -50,8 +50,12 @@ class Session : public std::enable_shared_from_this<Session> {
   using RxWriter = std::function<void(uint32_t slot, const transport::Update& msg,
                                       const std::vector<std::byte>& data)>;
   /// Makes this a GPU data plane session: its rings are `rings` (rx_slots result slots), chunks
-  /// queued by send_chunk are written with `writer`.
-  void use_device_rings(DeviceRingsPtr rings, uint32_t rx_slots, RxWriter writer);
+  /// queued by send_chunk are written with `writer`. `frame_first`: announce a chunk before
+  /// writing it (nccl: the client posts its receive when the frame arrives, and the first send
+  /// of a communicator cannot complete before that); otherwise the write (its ready event
+  /// recorded) comes first, so that the frame never reaches the client before the event.
+  void use_device_rings(DeviceRingsPtr rings, uint32_t rx_slots, RxWriter writer,
+                        bool frame_first = false);
   /// A client returned rx slot `slot` (update_ack). Throws ProtocolError for a slot not in use.
   void release_rx_slot(uint32_t slot);
   /// Closes the connection after flushing queued frames; the close handler runs once.
@@ -94,6 +98,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::vector<bool> rx_busy_;
   uint32_t device_rx_slots_ = 0;
   RxWriter rx_writer_;
+  bool frame_first_ = false;
   std::deque<std::pair<transport::Update, std::vector<std::byte>>> pending_;
 };
 

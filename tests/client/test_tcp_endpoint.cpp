@@ -172,6 +172,32 @@ TEST(Tcp, WrongOrMissingTokenIsRefused) {
   EXPECT_TRUE(c.health().ready);
 }
 
+// remote_data_plane applies to tcp endpoints only: a Unix socket keeps data_plane (shm here),
+// a tcp endpoint asks for nccl, which a CPU server refuses naming it.
+TEST(Tcp, RemoteDataPlaneAppliesToTcpEndpointsOnly) {
+  TokenEnv env;
+  const auto dir = temp_dir();
+  TcpServer server(dir);
+  auto cfg = config_for(server.process.socket());
+  cfg.remote_data_plane = transport::DataPlane::nccl;
+  {
+    client::Client c(cfg);  // shm over the Unix socket
+    EXPECT_TRUE(c.health().ready);
+  }
+  cfg = config_for(server.tcp());
+  cfg.auth_token = kToken;
+  cfg.remote_data_plane = transport::DataPlane::nccl;
+  try {
+    client::Client c(cfg);
+    FAIL() << "a CPU server accepted the nccl data plane";
+  } catch (const client::ServerError& e) {
+    EXPECT_EQ(e.code, "unsupported") << e.what();
+    EXPECT_NE(std::string(e.what()).find("nccl"), std::string::npos) << e.what();
+  } catch (const BackendUnavailable& e) {  // a client built without NCCL refuses first
+    EXPECT_NE(std::string(e.what()).find("NCCL"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Tcp, UnreadableTokenFileIsNamed) {
   TokenEnv env;
   const auto dir = temp_dir();

@@ -828,7 +828,9 @@ class OffloadMuon(_MuonBase):
 def _plan_owners(path: Optional[str]) -> Dict[str, int]:
     """Owner server (index into MUON_OFFLOAD_SERVERS) of each parameter named in a plan written
     by `muon-offload plan` (``MUON_OFFLOAD_PLAN``, set by scripts/muon-offload-launch). Parameters
-    the plan does not name are placed by cost as without a plan."""
+    the plan does not name are placed by cost as without a plan. With
+    ``MUON_OFFLOAD_SERVERS_SCOPE=global`` (a plan spanning hosts) the servers are every server of
+    the plan in id order, so the owner's id is its index."""
     if not path:
         return {}
     import json
@@ -837,6 +839,9 @@ def _plan_owners(path: Optional[str]) -> Dict[str, int]:
             plan = json.load(f)
     except (OSError, ValueError) as e:
         raise ValueError(f"MUON_OFFLOAD_PLAN '{path}': {e}") from None
+    if os.environ.get("MUON_OFFLOAD_SERVERS_SCOPE") == "global":
+        return {p["name"]: p["owner"] for p in plan.get("parameters", [])
+                if isinstance(p.get("owner"), int)}
     # The launcher lists this node's servers in the plan's order: map global ids to that order.
     node_servers = {}
     for node in plan.get("nodes", []):
