@@ -67,7 +67,19 @@ bool NcclPlane::built() {
 
 NcclPlane::NcclPlane(const transport::NcclIdBytes& tx_id, const transport::NcclIdBytes& rx_id,
                      uint64_t slot_bytes, std::chrono::milliseconds timeout)
-    : impl_(std::make_unique<Impl>(tx_id, rx_id, slot_bytes, timeout)) {}
+    : impl_(std::make_unique<Impl>(tx_id, rx_id, slot_bytes, timeout)) {
+  // Connect both communicators now, as the server does right after its join: a communicator's
+  // first transfer sets up the connection and cannot return before the peer made its call.
+  // (The server posts its receive of a push only when the push frame arrives, and its send of
+  // an update before our reader posts the receive; neither may be a first transfer.)
+  auto& i = *impl_;
+  const transport::SendTile out{i.tx_stage.data, 1, TileDType::f32};
+  const transport::RecvTile in{i.rx_stage.data, 1, TileDType::f32};
+  i.tx.send(0, {&out, 1}, i.push_stream.get());
+  i.rx.recv(0, {&in, 1}, i.reader_stream.get());
+  i.tx.wait(i.push_stream.get(), timeout);
+  i.rx.wait(i.reader_stream.get(), timeout);
+}
 
 NcclPlane::~NcclPlane() {
   synchronize();

@@ -493,6 +493,17 @@ void DevicePlane::join_nccl(const DeviceRingsPtr& rings, std::chrono::millisecon
       MUON_CUDA_CHECK(cudaSetDevice(device));
       n->tx_comm = std::make_unique<transport::NcclComm>(n->tx_id, 2, 0, timeout);
       n->rx_comm = std::make_unique<transport::NcclComm>(n->rx_id, 2, 0, timeout);
+      // Connect both now (the client does the same after its join): a communicator's first
+      // transfer sets up the connection and cannot return before the peer made its call; later
+      // calls on the io thread then only enqueue.
+      DeviceBuffer scratch;
+      scratch.reserve(2 * sizeof(float));
+      const transport::RecvTile in{scratch.as<float>(), 1, TileDType::f32};
+      const transport::SendTile out{scratch.as<float>() + 1, 1, TileDType::f32};
+      n->tx_comm->recv(1, {&in, 1}, n->recv_stream->get());
+      n->rx_comm->send(1, {&out, 1}, n->send_stream->get());
+      n->tx_comm->wait(n->recv_stream->get(), timeout);
+      n->rx_comm->wait(n->send_stream->get(), timeout);
       n->ready = true;
       done("");
     } catch (const std::exception& e) {
