@@ -11,7 +11,7 @@
 
 #include <thread>
 
-#include "client_test_util.hpp"
+#include "client_fixtures.hpp"
 
 using namespace muon;
 using namespace muon::testing;

@@ -3,7 +3,7 @@
 // default) keeps working on the same server.
 #include <gtest/gtest.h>
 
-#include "client_test_util.hpp"
+#include "client_fixtures.hpp"
 
 using namespace muon;
 using namespace muon::testing;

@@ -6,7 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "client/device_copy.hpp"
-#include "client_test_util.hpp"
+#include "client_fixtures.hpp"
 
 using namespace muon;
 using namespace muon::testing;

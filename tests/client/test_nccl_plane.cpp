@@ -12,7 +12,7 @@
 #include <optional>
 
 #include "client/nccl_plane.hpp"
-#include "client_test_util.hpp"
+#include "client_fixtures.hpp"
 
 using namespace muon;
 using namespace muon::testing;

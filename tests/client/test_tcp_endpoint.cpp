@@ -12,7 +12,7 @@
 
 #include "client/auth_token_source.hpp"
 #include "client/health_probe.hpp"
-#include "client_test_util.hpp"
+#include "client_fixtures.hpp"
 #include "transport/endpoint.hpp"
 
 using namespace muon;

@@ -9,65 +9,13 @@
 #include <thread>
 
 #include "client/client.hpp"
-#include "scenario.hpp"
-#include "server_process.hpp"
+#include "client_fixtures.hpp"
 #include "transport/bf16.hpp"
 
 using namespace muon;
 using namespace muon::testing;
 
 namespace {
-
-client::ParameterRegistration one_param(const std::string& name, std::vector<int64_t> shape,
-                                        transport::DType grad = transport::DType::f32,
-                                        transport::DType update = transport::DType::f32) {
-  client::ParameterRegistration r;
-  r.name = name;
-  r.shape = shape;
-  int64_t n = 1;
-  for (auto d : shape) n *= d;
-  r.push = {{0, n}};
-  r.want = {{0, n}};
-  r.grad_dtype = grad;
-  r.update_dtype = update;
-  r.options.momentum.mu = 0.9f;
-  return r;
-}
-
-client::ClientConfig config_for(const std::string& socket, int rank = 0, int world_size = 1) {
-  client::ClientConfig cfg;
-  cfg.servers = {socket};
-  cfg.rank = rank;
-  cfg.world_size = world_size;
-  cfg.op_timeout = std::chrono::milliseconds(20000);
-  return cfg;
-}
-
-std::vector<float> gradient(int64_t n, int64_t step) {
-  std::vector<float> g(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) g[i] = grad_value(0, step, 0, i);
-  return g;
-}
-
-// In-process reference: momentum and update per step with the CPU backend.
-struct Reference {
-  explicit Reference(const client::ParameterRegistration& r) : reg(r) {
-    BackendConfig bc;
-    bc.cpu_threads = kThreads;
-    backend = make_backend("cpu", bc);
-    shape = matrix_shape_from_dims(r.shape, r.name);
-    momentum.assign(static_cast<size_t>(shape.numel()), 0.0f);
-  }
-  std::vector<float> step(const std::vector<float>& g) {
-    std::vector<float> u(g.size());
-    backend->muon_update(reg.name, shape, g.data(), momentum.data(), u.data(), reg.options);
-    return u;
-  }
-  client::ParameterRegistration reg;
-  std::unique_ptr<Backend> backend;
-  MatrixShape shape;
-  std::vector<float> momentum;
-};
 
 std::vector<float> run_step(client::Client& c, const std::string& name, int64_t step,
                             const std::vector<float>& g) {
@@ -76,10 +24,6 @@ std::vector<float> run_step(client::Client& c, const std::string& name, int64_t 
   std::vector<float> u(g.size());
   c.wait_update(name, step, u.data());
   return u;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
 }
 
 template <class F>
@@ -396,8 +340,8 @@ TEST(ClientApi, MomentumOfAParameterThatNeverSteppedIsZerosAtStepMinusOne) {
 TEST(ClientApi, NonContributingRankGetsEveryStepEvenWhenItAsksLate) {
   const auto dir = temp_dir();
   ServerProcess server(dir);
-  const auto cfg0 = config_for(server.socket(), 0, 2);
-  const auto cfg1 = config_for(server.socket(), 1, 2);
+  const auto cfg0 = config_for(server.socket(), transport::DataPlane::shm, 0, 2);
+  const auto cfg1 = config_for(server.socket(), transport::DataPlane::shm, 1, 2);
   auto reg1 = one_param("w", {8, 16});
   auto reg0 = reg1;
   reg0.push.clear();  // rank 0 only receives
@@ -445,8 +389,8 @@ TEST(ClientApi, NonContributingRankGetsEveryStepEvenWhenItAsksLate) {
 TEST(ClientApi, RetriedStepIsNotSummedOntoChunksOfTheFailedTry) {
   const auto dir = temp_dir();
   ServerProcess server(dir);
-  const auto cfg0 = config_for(server.socket(), 0, 2);
-  const auto cfg1 = config_for(server.socket(), 1, 2);
+  const auto cfg0 = config_for(server.socket(), transport::DataPlane::shm, 0, 2);
+  const auto cfg1 = config_for(server.socket(), transport::DataPlane::shm, 1, 2);
   const auto reg = one_param("w", {8, 8});
   auto c0 = std::make_unique<client::Client>(cfg0);
   auto c1 = std::make_unique<client::Client>(cfg1);

@@ -1,5 +1,6 @@
-// Shared by the tests of tests/client: one-parameter registrations, configs, gradients and the
-// in-process reference (CPU backend, the server's thread count).
+// Shared by the client-facing tests (tests/daemon/test_client_api.cpp, tests/client): one-parameter
+// registrations, configs, gradients and the in-process reference (CPU backend, the server's
+// thread count).
 #pragma once
 
 #include <cstring>
@@ -14,8 +15,9 @@
 
 namespace muon::testing {
 
-inline client::ParameterRegistration one_param(const std::string& name,
-                                               std::vector<int64_t> shape) {
+inline client::ParameterRegistration one_param(const std::string& name, std::vector<int64_t> shape,
+                                               transport::DType grad = transport::DType::f32,
+                                               transport::DType update = transport::DType::f32) {
   client::ParameterRegistration r;
   r.name = name;
   r.shape = shape;
@@ -23,6 +25,8 @@ inline client::ParameterRegistration one_param(const std::string& name,
   for (auto d : shape) n *= d;
   r.push = {{0, n}};
   r.want = {{0, n}};
+  r.grad_dtype = grad;
+  r.update_dtype = update;
   r.options.momentum.mu = 0.9f;
   return r;
 }
