@@ -625,7 +625,17 @@ void Engine::finish_jobs(std::vector<NsJob> jobs) {
       p.grad = std::move(job.grad);
       continue;
     }
-    send_update(job.name, p, job);
+    try {
+      send_update(job.name, p, job);
+    } catch (const std::exception& e) {  // a CUDA read-back failed: tell the ranks, keep serving
+      log()->error("parameter '{}' step {}: returning the update failed: {}", job.name, job.step,
+                   e.what());
+      metrics_.error("backend");
+      broadcast(p, {"backend",
+                    "returning the update of '" + job.name + "' step " + std::to_string(job.step) +
+                        " failed: " + e.what(),
+                    job.name, job.step, -1});
+    }
     metrics_.step_done(job.applied ? "applied" : "skipped");
     if (job.applied) metrics_.newton_schulz(job.shape, job.compute_seconds);
     metrics_.step_latency(seconds_since(p.step_started));

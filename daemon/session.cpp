@@ -105,10 +105,20 @@ bool Session::send_chunk_direct(transport::Update msg,
   if (!slot) return false;
   rx_busy_[*slot] = true;
   msg.slot = *slot;
-  if (!frame_first_) write(*slot);
-  send(MessageType::update, transport::encode(msg));
-  if (frame_first_) write(*slot);
+  try {
+    if (!frame_first_) write(*slot);
+    send(MessageType::update, transport::encode(msg));
+    if (frame_first_) write(*slot);
+  } catch (const std::exception& e) {
+    data_plane_failed(e.what());
+  }
   return true;
+}
+
+void Session::data_plane_failed(const std::string& what) {
+  // The client may already wait for bytes that will never come: end the session, say why.
+  send_error({"data_plane", "the session's data plane failed: " + what, "", -1, rank});
+  close("data plane failed: " + what);
 }
 
 void Session::flush_chunks() {
@@ -127,9 +137,14 @@ void Session::flush_chunks() {
         std::memcpy(segment->rx_slot(*slot), data.data(), data.size());
       }
     };
-    if (!frame_first_) write();
-    send(MessageType::update, transport::encode(msg));
-    if (frame_first_) write();
+    try {
+      if (!frame_first_) write();
+      send(MessageType::update, transport::encode(msg));
+      if (frame_first_) write();
+    } catch (const std::exception& e) {
+      data_plane_failed(e.what());
+      return;
+    }
   }
 }
 

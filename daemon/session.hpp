@@ -43,7 +43,8 @@ class Session : public std::enable_shared_from_this<Session> {
   /// Writes an update chunk straight into a free rx slot with `write(slot)` (the GPU data plane's
   /// device-to-device copy) and announces it, when a slot is free and no chunk is waiting;
   /// returns false otherwise (send the chunk's bytes with send_chunk then). True also when the
-  /// session is closed (the chunk is dropped, as send_chunk drops it).
+  /// session is closed (the chunk is dropped, as send_chunk drops it) or the write failed (the
+  /// session then sends an error frame and closes: the client may be waiting for the bytes).
   bool send_chunk_direct(transport::Update msg, const std::function<void(uint32_t slot)>& write);
   /// Writes the bytes of chunks that waited for a credit into an rx slot (set for sessions whose
   /// rings are not host shared memory).
@@ -80,6 +81,8 @@ class Session : public std::enable_shared_from_this<Session> {
   void read_more();
   void write_next();
   void flush_chunks();
+  /// A write into a result slot failed (a CUDA or NCCL error): error frame, then close.
+  void data_plane_failed(const std::string& what);
   /// A free rx slot, or nullopt (sizes rx_busy_ on first use).
   std::optional<uint32_t> free_rx_slot();
   void finish(const std::string& why);

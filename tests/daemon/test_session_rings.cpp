@@ -14,6 +14,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/error.hpp"
 #include "daemon/session.hpp"
 #include "transport/frame.hpp"
 #include "transport/messages.hpp"
@@ -105,4 +106,41 @@ TEST(SessionRings, DirectWhileCreditsLastThenQueuedBytesInOrderThroughTheWriter)
   }
   session->close("done");
   io.run_for(std::chrono::milliseconds(50));
+}
+
+// A write into a result slot that fails (a CUDA or NCCL error) ends the session with an error
+// frame saying so: the client may already wait for the bytes.
+TEST(SessionRings, FailedWriteSendsAnErrorAndCloses) {
+  asio::io_context io;
+  asio::local::stream_protocol::socket server_side(io), client_side(io);
+  asio::local::connect_pair(server_side, client_side);
+  std::string closed_why;
+  auto session = std::make_shared<Session>(
+      Session::Socket(std::move(server_side)), 1, [](const auto&, transport::Frame) {},
+      [&](const auto&, const std::string& why) { closed_why = why; });
+  session->use_device_rings(
+      nullptr, 1, [](uint32_t, const transport::Update&, const std::vector<std::byte>&) {},
+      /*frame_first=*/true);
+  EXPECT_TRUE(session->send_chunk_direct(
+      chunk(0), [](uint32_t) { throw DeviceError("ncclSend failed: remote process exited"); }));
+  io.run_for(std::chrono::milliseconds(200));
+  EXPECT_TRUE(session->closed());
+  EXPECT_NE(closed_why.find("ncclSend failed"), std::string::npos) << closed_why;
+  // What the client saw: the update frame (announced first on this plane), then the error.
+  transport::FrameDecoder decoder;
+  std::array<std::byte, 4096> buf;
+  std::vector<transport::Frame> frames;
+  boost::system::error_code ec;
+  while (frames.size() < 2) {
+    const size_t n = client_side.read_some(asio::buffer(buf), ec);
+    if (ec) break;
+    decoder.feed(buf.data(), n);
+    while (auto f = decoder.next()) frames.push_back(*f);
+  }
+  ASSERT_EQ(frames.size(), 2u);
+  EXPECT_EQ(frames[0].type, static_cast<uint16_t>(transport::MessageType::update));
+  ASSERT_EQ(frames[1].type, static_cast<uint16_t>(transport::MessageType::error));
+  const auto e = transport::decode<transport::ErrorMsg>(frames[1].payload);
+  EXPECT_EQ(e.code, "data_plane");
+  EXPECT_NE(e.message.find("ncclSend failed"), std::string::npos) << e.message;
 }
