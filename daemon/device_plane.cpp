@@ -77,11 +77,12 @@ class DeviceSessionRings {
   transport::DeviceRing tx, rx;
 #if defined(MUON_HAVE_NCCL)
   std::shared_ptr<NcclSession> nccl;  // null on the cuda_ipc plane
-  /// The communicators, once joined. The client pushes only after its own join returned, which
-  /// can be a moment before the joining thread here has marked them ready: wait for that (up to
-  /// 30 s) rather than refuse the push.
+  /// The communicators, once joined. The client pushes only after its own join and warm-up
+  /// returned, which can be a moment before the joining thread here has marked them ready: wait
+  /// for that (up to 5 s, on the io thread) rather than refuse the push. (Results never get
+  /// here early: the session holds them until it is told the plane is ready.)
   NcclSession& joined() const {
-    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
     while (!nccl->ready) {
       if (nccl->failed || std::chrono::steady_clock::now() > give_up) {
         throw InvalidArgument("the session's NCCL communicators are not joined");

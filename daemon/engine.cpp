@@ -102,6 +102,14 @@ Engine::~Engine() {
   scheduler_.stop();
 }
 
+size_t Engine::pre_hello_tcp_sessions() const {
+  size_t n = 0;
+  for (const auto& [id, w] : sessions_) {
+    if (auto s = w.lock(); s && s->tcp && s->rank < 0 && !s->closed()) ++n;
+  }
+  return n;
+}
+
 void Engine::add_session(const SessionPtr& s) {
   sessions_[s->id()] = s;
 }
@@ -186,6 +194,8 @@ void Engine::on_frame(const SessionPtr& s, Frame f) {
   } catch (const transport::ProtocolError& e) {
     log()->warn("session {} (rank {}): bad request: {}", s->id(), s->rank, e.message());
     reply_error(s, {"bad_request", e.message(), "", -1, -1}, f.request_id);
+    // A TCP peer that has not said a valid hello gets one answer, then the door.
+    if (s->tcp && s->rank < 0) s->close("bad request before hello");
   } catch (const InvalidArgument& e) {
     log()->warn("session {} (rank {}): bad request: {}", s->id(), s->rank, e.message());
     reply_error(s, {"bad_request", e.message(), "", -1, -1}, f.request_id);
@@ -209,16 +219,7 @@ void Engine::on_step_report(const SessionPtr& s, const Frame& f) {
 void Engine::on_hello(const SessionPtr& s, const Frame& f) {
   if (s->rank >= 0) throw transport::ProtocolError("hello sent twice");
   auto m = transport::decode<transport::Hello>(f.payload);
-  if (world_size_ != 0 && m.world_size != world_size_) {
-    throw transport::ProtocolError(
-        "world size mismatch: this server serves a job of " + std::to_string(world_size_) +
-        " ranks, rank " + std::to_string(m.rank) + " says " + std::to_string(m.world_size));
-  }
-  if (auto other = session_of(m.rank)) {
-    throw transport::ProtocolError("rank " + std::to_string(m.rank) +
-                                   " is already connected (session " + std::to_string(other->id()) +
-                                   ")");
-  }
+  // The token first: an unauthenticated TCP peer learns nothing (world size, connected ranks).
   if (s->tcp &&
       (config_.auth_token.empty() || !transport::tokens_equal(m.token, config_.auth_token))) {
     log()->warn("session {}: refused a TCP hello of rank {}: wrong or missing token", s->id(),
@@ -229,6 +230,16 @@ void Engine::on_hello(const SessionPtr& s, const Frame& f) {
                 f.request_id);
     s->close("unauthorized");
     return;
+  }
+  if (world_size_ != 0 && m.world_size != world_size_) {
+    throw transport::ProtocolError(
+        "world size mismatch: this server serves a job of " + std::to_string(world_size_) +
+        " ranks, rank " + std::to_string(m.rank) + " says " + std::to_string(m.world_size));
+  }
+  if (auto other = session_of(m.rank)) {
+    throw transport::ProtocolError("rank " + std::to_string(m.rank) +
+                                   " is already connected (session " + std::to_string(other->id()) +
+                                   ")");
   }
   transport::HelloOk ok;
   if (m.data_plane != transport::DataPlane::shm) {
@@ -267,22 +278,32 @@ void Engine::on_hello(const SessionPtr& s, const Frame& f) {
         m.data_plane == transport::DataPlane::nccl);
     ok.data_plane = m.data_plane;
     if (m.data_plane == transport::DataPlane::nccl) {
+      s->nccl = true;
+      s->hold_data_plane();
       ok.nccl_tx_id = DevicePlane::nccl_tx_id(*rings);
       ok.nccl_rx_id = DevicePlane::nccl_rx_id(*rings);
       // The client joins both communicators once it has the ids; one that does not within the
       // step timeout is dropped.
+      // Results wait as host bytes until both communicators are joined and connected. The
+      // callback runs on the joining thread, which may outlive this Engine: `alive_` says.
       std::weak_ptr<Session> weak = s;
-      device_->join_nccl(rings, config_.step_timeout, [this, weak](const std::string& error) {
-        if (error.empty()) return;
-        asio::post(io_, [weak, error] {
-          if (auto ss = weak.lock()) {
-            log()->warn("session {}: NCCL join failed: {}", ss->id(), error);
-            ss->send_error({"nccl", "joining the session's NCCL communicators failed: " + error, "",
-                            -1, ss->rank});
-            ss->close("nccl join failed");
-          }
-        });
-      });
+      std::weak_ptr<bool> alive = alive_;
+      device_->join_nccl(
+          rings, config_.step_timeout, [&io = io_, weak, alive](const std::string& error) {
+            if (alive.expired()) return;
+            asio::post(io, [weak, alive, error] {
+              auto ss = weak.lock();
+              if (!ss || alive.expired()) return;
+              if (error.empty()) {
+                ss->set_data_plane_ready();
+                return;
+              }
+              log()->warn("session {}: NCCL join failed: {}", ss->id(), error);
+              ss->send_error({"nccl", "joining the session's NCCL communicators failed: " + error,
+                              "", -1, ss->rank});
+              ss->close("nccl join failed");
+            });
+          });
     } else {
       ok.tx_ring = DevicePlane::tx_descriptor(*rings);
       ok.rx_ring = DevicePlane::rx_descriptor(*rings);
@@ -478,6 +499,21 @@ void Engine::start_gathering(const SessionPtr& s, const transport::Push& m, Para
 }
 
 void Engine::on_push(const SessionPtr& s, const Frame& f) {
+  // On the nccl plane the client queued the chunk's ncclSend together with the frame: a push
+  // refused before its ncclRecv was posted would leave that send to match the next receive and
+  // shift every later chunk. Such a session ends (after the reply that says why).
+  bool received = false;
+  struct CloseIfUnmatched {
+    asio::io_context& io;
+    const SessionPtr& s;
+    const bool& received;
+    ~CloseIfUnmatched() {
+      if (!s->nccl || received || s->closed()) return;
+      asio::post(io, [s = s] {
+        s->close("a push was refused on the nccl data plane; its transfer cannot be matched");
+      });
+    }
+  } close_if_unmatched{io_, s, received};
   auto m = transport::decode<transport::Push>(f.payload);
   if (m.slot >= config_.layout.tx_slots) {
     throw transport::ProtocolError("push names tx slot " + std::to_string(m.slot) + " of " +
@@ -517,6 +553,7 @@ void Engine::on_push(const SessionPtr& s, const Frame& f) {
     const size_t bytes = static_cast<size_t>(m.count) * transport::dtype_bytes(dt);
     if (s->device_rings) {  // GPU data plane: the slot is device memory of this server
       const void* slot = device_->begin_receive(*s->device_rings, m.slot, m.count, dt);
+      received = true;
       if (m.kind == transport::ChunkKind::gradient) {
         check_gradient_step(m, p);
         start_gathering(s, m, p);

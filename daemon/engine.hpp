@@ -59,6 +59,8 @@ class Engine {
   /// The server's metrics; refresh_metrics() sets their state gauges (call before rendering).
   Metrics& metrics() { return metrics_; }
   void refresh_metrics();
+  /// Open TCP sessions that have not said a valid hello yet.
+  size_t pre_hello_tcp_sessions() const;
   /// The token TCP sessions must send in their hello (set by the Server from --auth-token-file).
   void set_auth_token(std::string token) { config_.auth_token = std::move(token); }
   /// Where the metrics endpoint listens (for status), "" when there is none.
@@ -144,6 +146,8 @@ class Engine {
   std::optional<std::chrono::system_clock::time_point> last_snapshot_time_;
   std::string metrics_url_;
   bool stopping_ = false;
+  /// Expires with the Engine: callbacks of threads that may outlive it check it first.
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
   std::function<void()> shutdown_done_;
 };
 

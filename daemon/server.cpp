@@ -1,5 +1,8 @@
 #include "daemon/server.hpp"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -178,13 +181,39 @@ void Server::accept_next_tcp() {
       return;
     }
     boost::system::error_code ignored;
+    // Peers that have not said hello yet are few and short-lived: beyond kMaxPreHelloTcp the
+    // connection is dropped at once (an unauthenticated peer cannot exhaust descriptors).
+    if (engine_->pre_hello_tcp_sessions() >= kMaxPreHelloTcp) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now - last_accept_warning_ > std::chrono::seconds(10)) {
+        log()->warn("dropping TCP connections: {} peers have not said hello", kMaxPreHelloTcp);
+        last_accept_warning_ = now;
+      }
+      socket.close(ignored);
+      accept_next_tcp();
+      return;
+    }
     socket.set_option(asio::ip::tcp::no_delay(true), ignored);
-    start_session(Session::Socket(std::move(socket)), true);
+    // A node that vanishes without closing (power, network) is noticed by TCP keepalive.
+    socket.set_option(asio::socket_base::keep_alive(true), ignored);
+    int idle = 30, interval = 10, count = 3;
+    ::setsockopt(socket.native_handle(), IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+    ::setsockopt(socket.native_handle(), IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
+    ::setsockopt(socket.native_handle(), IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof count);
+    auto session = start_session(Session::Socket(std::move(socket)), true);
+    // ... and must say hello soon.
+    session->hello_timer = std::make_unique<asio::steady_timer>(io_, kTcpHelloDeadline);
+    session->hello_timer->async_wait(
+        [weak = std::weak_ptr<Session>(session)](boost::system::error_code ec) {
+          auto s = weak.lock();
+          if (ec || !s || s->rank >= 0 || s->closed()) return;
+          s->close("no hello within " + std::to_string(kTcpHelloDeadline.count()) + " s");
+        });
     accept_next_tcp();
   });
 }
 
-void Server::start_session(Session::Socket socket, bool tcp) {
+std::shared_ptr<Session> Server::start_session(Session::Socket socket, bool tcp) {
   auto session = std::make_shared<Session>(
       std::move(socket), next_session_++,
       [this](const Engine::SessionPtr& s, transport::Frame f) {
@@ -194,6 +223,7 @@ void Server::start_session(Session::Socket socket, bool tcp) {
   session->tcp = tcp;
   engine_->add_session(session);
   session->start();
+  return session;
 }
 
 void Server::begin_shutdown(const std::string& why) {

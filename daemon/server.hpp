@@ -40,7 +40,10 @@ class Server {
   void accept_next();
   void accept_next_tcp();
   /// Wraps an accepted connection in a Session and starts it.
-  void start_session(Session::Socket socket, bool tcp);
+  std::shared_ptr<Session> start_session(Session::Socket socket, bool tcp);
+  /// TCP peers that have not said hello: at most this many at once, each for at most this long.
+  static constexpr size_t kMaxPreHelloTcp = 64;
+  static constexpr std::chrono::seconds kTcpHelloDeadline{10};
   /// After a failed accept: waits 100 ms on `timer` (warning at most every 10 s), then calls
   /// `again`.
   void retry_accept(boost::asio::steady_timer& timer, const boost::system::error_code& ec,

@@ -87,7 +87,13 @@ void Session::use_device_rings(DeviceRingsPtr rings, uint32_t rx_slots, RxWriter
   frame_first_ = frame_first;
 }
 
+void Session::set_data_plane_ready() {
+  data_plane_ready_ = true;
+  flush_chunks();
+}
+
 std::optional<uint32_t> Session::free_rx_slot() {
+  if (!data_plane_ready_) return std::nullopt;
   if (rx_busy_.empty()) {
     rx_busy_.assign(segment ? segment->layout().rx_slots : device_rx_slots_, false);
   }

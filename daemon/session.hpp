@@ -70,6 +70,17 @@ class Session : public std::enable_shared_from_this<Session> {
   /// Accepted on the TCP listener: the hello must carry the server's token, and only health is
   /// answered before it.
   bool tcp = false;
+  /// On the nccl data plane (transfers are matched in order with the client's).
+  bool nccl = false;
+  /// TCP sessions: closes the session when no hello came in time (set by the Server).
+  std::unique_ptr<boost::asio::steady_timer> hello_timer;
+  /// Result slots may be written (false while an nccl session's communicators are being
+  /// joined: chunks wait as host bytes). Set it with set_data_plane_ready().
+  bool data_plane_ready() const { return data_plane_ready_; }
+  /// Holds result chunks as host bytes until set_data_plane_ready().
+  void hold_data_plane() { data_plane_ready_ = false; }
+  /// Marks the data plane usable and writes the chunks that waited for it.
+  void set_data_plane_ready();
   std::string client_name;
   std::optional<transport::ShmSegment> segment;
   /// The session's exported device rings (cuda_ipc data plane); null for shm sessions.
@@ -102,6 +113,7 @@ class Session : public std::enable_shared_from_this<Session> {
   uint32_t device_rx_slots_ = 0;
   RxWriter rx_writer_;
   bool frame_first_ = false;
+  bool data_plane_ready_ = true;
   std::deque<std::pair<transport::Update, std::vector<std::byte>>> pending_;
 };
 

@@ -381,6 +381,11 @@ TEST(ServerIntegration, TcpControlPlaneNeedsTheToken) {
     EXPECT_NE(e.message.find(needle), std::string::npos) << e.message;
   };
   expect_refused(R"({"rank": 0, "world_size": 1})", "token");
+  // The token is checked first: a peer without it learns nothing of the job (not even that the
+  // world size is wrong once a job runs).
+  ServerProcess::roundtrip(server.socket(),
+                           frame(MessageType::hello, R"({"rank": 0, "world_size": 1})"));
+  expect_refused(R"({"rank": 5, "world_size": 9})", "token");
   expect_refused(R"({"rank": 0, "world_size": 1, "token": "0123456789abcdef-secreT"})", "token");
   // status before hello: refused over TCP (it names parameters), answered on the Unix socket.
   auto st = tcp_roundtrip(port, {frame(MessageType::status, "{}")});
@@ -388,6 +393,19 @@ TEST(ServerIntegration, TcpControlPlaneNeedsTheToken) {
   EXPECT_EQ(st->type, static_cast<uint16_t>(MessageType::error));
   EXPECT_EQ(ServerProcess::roundtrip(server.socket(), frame(MessageType::status, "{}")).type,
             static_cast<uint16_t>(MessageType::status_ok));
+  // A bad request before hello gets its answer, then the connection is closed.
+  {
+    boost::asio::io_context io;
+    boost::asio::ip::tcp::socket sock(io);
+    sock.connect({boost::asio::ip::make_address("127.0.0.1"), port});
+    boost::asio::write(sock, boost::asio::buffer(frame(MessageType::hello, "{not json")));
+    std::array<std::byte, 4096> buf;
+    boost::system::error_code ec;
+    size_t total = 0;
+    for (int i = 0; i < 100 && !ec; ++i) total += sock.read_some(boost::asio::buffer(buf), ec);
+    EXPECT_GT(total, 0u);                                    // the error frame
+    EXPECT_EQ(ec, boost::asio::error::eof) << ec.message();  // then the server closed
+  }
   // health answers; the right token gets a session.
   auto h = tcp_roundtrip(port, {frame(MessageType::health, "{}")});
   ASSERT_TRUE(h.has_value());
