@@ -119,11 +119,13 @@ struct DevicePlane::Impl {
         compute(c.priority),
         ret(c.priority),
         host(c.priority),
+        staging(c.priority),
         muon(DeviceMuonConfig{c.device, c.capture_graphs}) {}
   // `host` carries the io thread's blocking copies (momentum, update read-back, fills): the
   // receive and return streams wait on clients' events, and a host thread must not wait on them.
   DeviceStream receive, compute, ret, host;
-  DeviceMuon muon;  // the worker thread's only
+  DeviceStream staging;  // host chunks into result slots (send_host)
+  DeviceMuon muon;       // the worker thread's only
 };
 
 namespace {
@@ -401,6 +403,7 @@ void DevicePlane::send_update(DeviceSessionRings& rings, uint32_t slot,
       tile = {rings.rx.slot(slot), static_cast<size_t>(count), TileDType::bf16};
     }
     n.rx_comm->send(1, {&tile, 1}, stream);
+    rings.rx.mark_free(slot, stream);  // a later host chunk may overwrite the slot after this
     // The next step may overwrite the update once this send is done (updates_enqueued).
     MUON_CUDA_CHECK(cudaEventRecord(n.sent.e, stream));
     MUON_CUDA_CHECK(cudaStreamWaitEvent(impl_->ret.get(), n.sent.e, 0));
@@ -422,28 +425,32 @@ void DevicePlane::send_host(DeviceSessionRings& rings, uint32_t slot, const void
                             size_t bytes, transport::DType dtype) {
   if (bytes > rings.rx.slot_bytes()) throw InvalidArgument("host chunk larger than a result slot");
   MUON_CUDA_CHECK(cudaSetDevice(config_.device));
+  // The copy from pageable memory runs on a stream of its own and is waited for here (so
+  // `data` may go): the return and send streams also wait on other clients' progress, which may
+  // depend on frames this io thread has not written yet. The staging stream waits only for the
+  // slot's previous reader, which the client has already been told about (it returned the
+  // credit), so this wait ends.
+  const auto staging = impl_->staging.get();
+  rings.rx.wait_free(slot, staging);
+  MUON_CUDA_CHECK(
+      cudaMemcpyAsync(rings.rx.slot(slot), data, bytes, cudaMemcpyHostToDevice, staging));
+  rings.rx.mark_ready(slot, staging);
+  impl_->staging.synchronize();
 #if defined(MUON_HAVE_NCCL)
-  if (rings.nccl) {
+  if (rings.nccl) {  // then sent from the slot on the session's send stream
     auto& n = rings.joined();
     const auto stream = n.send_stream->get();
-    MUON_CUDA_CHECK(
-        cudaMemcpyAsync(rings.rx.slot(slot), data, bytes, cudaMemcpyHostToDevice, stream));
+    rings.rx.wait_ready(slot, stream);
     const size_t esize = transport::dtype_bytes(dtype);
     const transport::SendTile tile{
         rings.rx.slot(slot), bytes / esize,
         dtype == transport::DType::bf16 ? TileDType::bf16 : TileDType::f32};
     n.rx_comm->send(1, {&tile, 1}, stream);
-    return;
+    rings.rx.mark_free(slot, stream);
   }
 #else
   (void)dtype;
 #endif
-  const auto stream = impl_->ret.get();
-  rings.rx.wait_free(slot, stream);
-  // From pageable memory: the runtime has staged the bytes when the call returns.
-  MUON_CUDA_CHECK(
-      cudaMemcpyAsync(rings.rx.slot(slot), data, bytes, cudaMemcpyHostToDevice, stream));
-  rings.rx.mark_ready(slot, stream);
 }
 
 DeviceRingsPtr DevicePlane::make_nccl_session(uint32_t tx_slots, uint32_t rx_slots,

@@ -17,7 +17,8 @@
 // momentum load waits for that client's write of its slot; a chunk of a shm session is staged
 // through the receive stream and waits for it (so shm ranks on a GPU server are paced by the
 // cuda_ipc ranks' pushes queued before theirs); a result chunk that waited for a credit is
-// written from host memory behind the return stream. Sessions on the shm plane are served: their
+// copied from host memory on a staging stream that waits only for the slot's previous reader.
+// Sessions on the shm plane are served: their
 // host slots staged, their updates read back to the host once per step.
 // The reduction order and grouping are the host's (daemon/step_reducer.hpp), so the reduced
 // gradient is bitwise the CPU server's; the Newton-Schulz is the CUDA backend's.
