@@ -34,7 +34,9 @@ int guarded(F&& f) {
     if (e.code == "non_finite") return fail(MUON_ERR_NONFINITE, e.what());
     if (e.code == "peer_lost") return fail(MUON_ERR_PEER_LOST, e.what());
     if (e.code == "timeout") return fail(MUON_ERR_TIMEOUT, e.what());
-    return fail(MUON_ERR_SERVER, e.what());
+    // The server's code ("unauthorized", "unsupported", "bad_request", ...) travels in the
+    // message: callers (the Python package) read it from there.
+    return fail(MUON_ERR_SERVER, std::string(e.what()) + " (server error code: " + e.code + ")");
   } catch (const muon::client::ConnectionLost& e) {
     return fail(MUON_ERR_CONNECTION, e.what());
   } catch (const muon::client::Timeout& e) {

@@ -28,9 +28,15 @@ void Client::connect_all() {
   connections_.clear();
   const std::string token = auth_token_for(config_.auth_token, config_.servers);
   auto remote = config_.remote_data_plane;
-  if (!remote) {
+  bool any_tcp = false;
+  for (const auto& e : config_.servers) any_tcp = any_tcp || transport::parse_endpoint(e).is_tcp();
+  if (!remote && any_tcp) {
     if (const char* env = std::getenv("MUON_OFFLOAD_REMOTE_DATA_PLANE"); env && *env) {
-      remote = transport::parse_data_plane(env);
+      try {
+        remote = transport::parse_data_plane(env);
+      } catch (const InvalidArgument& e) {
+        throw InvalidArgument(e.message() + " (from MUON_OFFLOAD_REMOTE_DATA_PLANE)");
+      }
     }
   }
   for (const auto& path : config_.servers) {

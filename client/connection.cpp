@@ -138,6 +138,9 @@ void Connection::lose(const std::string& why) {
   {
     std::lock_guard lk(mu_);
     if (lost_.empty()) lost_ = why;
+    // NCCL transfers queued for a server that is gone would spin on their streams (the
+    // trainer's among them) forever: abort them.
+    if (nccl_) nccl_->abort();
     cv_.notify_all();
   }
   boost::system::error_code ignored;
@@ -512,6 +515,7 @@ void Connection::reader_loop() {
     }
     std::lock_guard lk(mu_);
     if (lost_.empty()) lost_ = why;
+    if (nccl_ && !closing_) nccl_->abort();  // the server is gone (see lose())
     cv_.notify_all();
     return;
   }

@@ -81,6 +81,11 @@ NcclPlane::NcclPlane(const transport::NcclIdBytes& tx_id, const transport::NcclI
   i.rx.wait(i.reader_stream.get(), timeout);
 }
 
+void NcclPlane::abort() noexcept {
+  impl_->tx.abort();
+  impl_->rx.abort();
+}
+
 NcclPlane::~NcclPlane() {
   synchronize();
 }

@@ -29,6 +29,9 @@ class NcclPlane {
   /// ranks of one communicator on the same GPU).
   NcclPlane(const transport::NcclIdBytes& tx_id, const transport::NcclIdBytes& rx_id,
             uint64_t slot_bytes, std::chrono::milliseconds timeout);
+  /// Aborts both communicators (the server is gone): transfers queued on any stream return and
+  /// the plane is unusable. Any thread; idempotent.
+  void abort() noexcept;
   /// Waits for the plane's streams, then finalizes both communicators (NcclComm's destructor).
   ~NcclPlane();
   NcclPlane(const NcclPlane&) = delete;

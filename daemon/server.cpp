@@ -10,6 +10,7 @@
 #include "core/error.hpp"
 #include "daemon/socket_security.hpp"
 #include "transport/auth_token.hpp"
+#include "transport/endpoint.hpp"
 
 namespace muon::daemon {
 
@@ -63,7 +64,11 @@ Server::Server(ServerConfig config)
   }
   ::umask(old_mask);
   ::chmod(config_.socket_path.c_str(), 0600);
-  if (!config_.listen.empty()) listen_tcp();
+  if (!config_.listen.empty()) {
+    listen_tcp();
+  } else if (!config_.auth_token_file.empty()) {
+    log()->warn("--auth-token-file has no effect without --listen");
+  }
 }
 
 void Server::listen_tcp() {
@@ -78,12 +83,17 @@ void Server::listen_tcp() {
     throw Error(e.message());
   }
   engine_->set_auth_token(config_.auth_token);
-  const auto colon = config_.listen.rfind(':');
-  std::string host = colon == std::string::npos ? "" : config_.listen.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
+  // HOST:PORT as clients write it (tcp://HOST:PORT): a port in [1, 65535], a host (0.0.0.0 or
+  // [::] for every interface).
+  transport::Endpoint where;
+  try {
+    where = transport::parse_endpoint("tcp://" + config_.listen);
+  } catch (const InvalidArgument& e) {
+    throw Error("--listen '" + config_.listen +
+                "': expected HOST:PORT with a port in [1, 65535] (0.0.0.0:PORT for every "
+                "interface)");
   }
-  const std::string port = colon == std::string::npos ? "" : config_.listen.substr(colon + 1);
+  const std::string host = where.host, port = std::to_string(where.port);
   try {
     asio::ip::tcp::resolver resolver(io_);
     const auto results = resolver.resolve(host, port, asio::ip::tcp::resolver::passive);

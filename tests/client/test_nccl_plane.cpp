@@ -1,6 +1,7 @@
 // The nccl data plane end to end (needs a GPU and a client built with NCCL; skips with the reason
-// elsewhere): a server on the CUDA backend (on GPU 1 where there are two: NCCL refuses two ranks
-// of one communicator on the same GPU, and this test skips saying so when it does), one client
+// elsewhere): a server on the CUDA backend (on GPU 1 where there are two; on one GPU the two
+// processes get different NCCL_HOSTIDs, so NCCL joins them over loopback sockets instead of
+// refusing two ranks on one GPU; the test skips saying so if NCCL still refuses), one client
 // with data plane nccl on GPU 0 pushing from device memory (push_device, cut mid-slot) and from
 // host memory, receiving updates into device memory (wait_update_device) and the host, loading
 // and fetching momentum. Every update and the fetched momentum must be bitwise those of the same
@@ -9,6 +10,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdlib>
 #include <optional>
 
 #include "client/nccl_plane.hpp"
@@ -38,7 +40,18 @@ struct RunResult {
 RunResult run(transport::DataPlane plane, int server_device, std::string* skip) {
   RunResult r;
   const auto dir = temp_dir();
+  // On a one-GPU machine server and client share GPU 0, which NCCL refuses within one host
+  // ("Duplicate GPU detected"): different NCCL_HOSTIDs make them two hosts to NCCL, joined over
+  // sockets on the loopback interface. Set before the server starts (it inherits them) and
+  // changed for this process before its first NCCL call.
+  const bool one_gpu = server_device == 0;
+  if (one_gpu) {
+    setenv("NCCL_HOSTID", "muon-offload-test-server", 1);
+    setenv("NCCL_SOCKET_IFNAME", "lo", 1);
+    setenv("NCCL_IB_DISABLE", "1", 1);
+  }
   ServerProcess server(dir, {"--backend", "cuda", "--cuda-device", std::to_string(server_device)});
+  if (one_gpu) setenv("NCCL_HOSTID", "muon-offload-test-client", 1);
   EXPECT_EQ(cudaSetDevice(0), cudaSuccess);
   std::optional<client::Client> c;
   try {

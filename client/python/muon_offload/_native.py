@@ -13,6 +13,7 @@ other Python threads.
 from __future__ import annotations
 
 import ctypes
+import re
 import os
 import pathlib
 import threading
@@ -48,7 +49,14 @@ class InvalidArgument(MuonOffloadError, ValueError):
 
 
 class ServerError(MuonOffloadError):
-    """The server refused or failed a request, e.g. it refused a parameter (MUON_ERR_SERVER)."""
+    """The server refused or failed a request, e.g. it refused a parameter (MUON_ERR_SERVER).
+    ``server_code`` is the server's own code: "unauthorized" (a TCP hello without the token),
+    "unsupported" (a data plane the server cannot serve), "bad_request", ... ("" if unknown)."""
+
+    def __init__(self, message: str, code: int = MUON_ERR_INTERNAL):
+        super().__init__(message, code)
+        m = re.search(r"\(server error code: ([a-z_]+)\)", message)
+        self.server_code = m.group(1) if m else ""
 
 
 class ConnectionLost(MuonOffloadError, ConnectionError):

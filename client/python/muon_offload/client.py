@@ -209,7 +209,8 @@ class Client:
         self._registered[name] = {
             "shape": tuple(int(d) for d in shape), "numel": numel,
             "want": sum(e - b for b, e in want),
-            "update_bytes": _DTYPE_BYTES.get(update_dtype, 4), "server": int(server)}
+            "update_bytes": _DTYPE_BYTES.get(update_dtype, 4),
+            "grad_bytes": _DTYPE_BYTES.get(grad_dtype, 4), "server": int(server)}
 
     def push(self, name: str, step: int, offset: int, data, count: Optional[int] = None,
              stream=None) -> None:
@@ -229,6 +230,7 @@ class Client:
             count = data.numel() if hasattr(data, "numel") and callable(data.numel) else data.size
         if _is_cuda(data):
             ptr, nbytes, s = _cuda_buffer(data, f"push '{name}'", stream)
+            self._check_push(name, data, int(count), nbytes)
             with self._mu:
                 check(self._lib.muon_client_push_device(
                     self._handle(), name.encode(), int(step), int(offset), ctypes.c_void_p(ptr),
@@ -236,10 +238,33 @@ class Client:
             _record_stream(data, stream)
             return
         ptr, nbytes = _buffer(data, f"push '{name}'")
+        self._check_push(name, data, int(count), nbytes)
         with self._mu:
             check(self._lib.muon_client_push(self._handle(), name.encode(), int(step), int(offset),
                                               ctypes.c_void_p(ptr), int(count)),
                   f"push of '{name}' step {step}")
+
+    def _check_push(self, name: str, data, count: int, nbytes: int) -> None:
+        """Refuses a push whose buffer is smaller than ``count`` elements of the parameter's
+        grad dtype, or whose element size is not that dtype's (a float64 or bf16 buffer for an
+        f32 gradient): the library would read its bytes as they are."""
+        reg = self._registered.get(name)
+        if reg is None:
+            return  # the library names the unknown parameter
+        esize = reg["grad_bytes"]
+        have = getattr(data, "element_size", None)
+        have = have() if callable(have) else getattr(data, "itemsize", esize)
+        torch_dtype = str(getattr(data, "dtype", "")) if hasattr(data, "data_ptr") else ""
+        want_dtype = "torch.float32" if esize == 4 else "torch.bfloat16"
+        if have != esize or (torch_dtype and torch_dtype != want_dtype):
+            raise _native.InvalidArgument(
+                f"push '{name}': buffer elements are {torch_dtype or str(have) + '-byte'}, the "
+                f"gradient dtype of '{name}' is {'f32' if esize == 4 else 'bf16'} (convert the "
+                f"tensor first)")
+        if count < 0 or count * esize > nbytes:
+            raise _native.InvalidArgument(
+                f"push '{name}': {count} elements need {count * esize} bytes, the buffer has "
+                f"{nbytes}")
 
     def commit(self, name: str, step: int) -> None:
         """Declares this rank's contribution to (name, step) complete."""

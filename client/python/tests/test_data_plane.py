@@ -38,6 +38,7 @@ def test_cpu_server_refuses_cuda_ipc_with_its_reason(server_factory, monkeypatch
     with pytest.raises(ServerError, match="cuda_ipc") as e:
         Client([s.socket], data_plane="cuda_ipc")
     assert "cpu" in str(e.value)
+    assert e.value.server_code == "unsupported"
     monkeypatch.setenv("MUON_OFFLOAD_DATA_PLANE", "cuda_ipc")
     with pytest.raises(ServerError, match="cuda_ipc"):
         OffloadMuon(TinyNet().named_parameters(), servers=[s.socket], **KW)

@@ -124,3 +124,30 @@ def test_nonfinite_gradient_is_refused_then_training_goes_on(server):
     train(m, opt, 2, start=2)                       # the step was consumed; training goes on
     assert all(torch.isfinite(p).all() for p in m.parameters())
     opt.close()
+
+
+def test_push_refuses_a_buffer_of_the_wrong_size_or_dtype_and_loses_nothing(server):
+    """A push reads `count` elements of the grad dtype from the buffer: a shorter buffer, or one
+    of another dtype (float64, bf16 for an f32 gradient), is refused before anything is sent.
+    The right push afterwards gives bitwise the update of a parameter that never saw the refused
+    ones."""
+    from muon_offload import Client
+    c = Client([server.socket])
+    c.register("w", (8, 4))
+    c.register("v", (8, 4))
+    g = torch.randn(8, 4)
+    with pytest.raises(InvalidArgument, match="128 bytes"):
+        c.push("w", 0, 0, torch.arange(4, dtype=torch.float32), count=32)
+    with pytest.raises(InvalidArgument, match="torch.float64"):
+        c.push("w", 0, 0, g.double())
+    with pytest.raises(InvalidArgument, match="bf16|bfloat16"):
+        c.push("w", 0, 0, g.bfloat16())
+    outs = []
+    for name in ("w", "v"):
+        c.push(name, 0, 0, g)
+        c.commit(name, 0)
+        out = torch.empty(8, 4)
+        assert c.wait_update(name, 0, out)
+        outs.append(out)
+    assert torch.equal(outs[0].view(torch.int32), outs[1].view(torch.int32))
+    c.close()

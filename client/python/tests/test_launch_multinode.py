@@ -36,11 +36,11 @@ def plan_two_nodes():
     return {
         "schema": "muon-offload-plan/1",
         "nodes": [{"node_rank": 0, "host": "node0",
-                   "servers": [{"id": 0, "cuda_visible_devices": "3", "socket_name": "gpu3.sock",
+                   "servers": [{"id": 0, "gpu": 3, "cuda_visible_devices": "3", "socket_name": "gpu3.sock",
                                 "numactl": ""}],
                    "compute": {"cuda_visible_devices": "0,1,2"}},
                   {"node_rank": 1, "host": "node1",
-                   "servers": [{"id": 1, "cuda_visible_devices": "5", "socket_name": "gpu5.sock",
+                   "servers": [{"id": 1, "gpu": 5, "cuda_visible_devices": "5", "socket_name": "gpu5.sock",
                                 "numactl": ""}],
                    "compute": {"cuda_visible_devices": "0,1,2"}}],
         "servers": servers,
@@ -95,7 +95,28 @@ def test_plan_across_hosts_lists_every_server_and_listens_on_tcp(tmpdir_private,
     assert second == f"tcp://127.0.0.1:{base + 5}"         # the other node's, over TCP
     assert scope == "global" and token_env == str(token)
     assert listening == "tcp-listening"
+    assert "cannot bind" not in r.stderr, r.stderr  # empty numactl fields stay empty
     # Owners index every server of the plan (global scope), not just this node's.
     monkeypatch.setenv("NODE_RANK", "0")
     monkeypatch.setenv("MUON_OFFLOAD_SERVERS_SCOPE", "global")
     assert mt._plan_owners(str(plan)) == {"fc1.weight": 1, "fc2.weight": 0}
+
+
+def test_plan_across_hosts_refuses_ports_out_of_range_and_malformed_plans(tmpdir_private):
+    plan = tmpdir_private / "plan.json"
+    plan.write_text(json.dumps(plan_two_nodes()))
+    token = tmpdir_private / "token"
+    token.write_text("0123456789abcdef-job-secret\n")
+    token.chmod(0o600)
+    r = subprocess.run([LAUNCH, "--cpu", "--plan", str(plan), "--bin-dir", bin_dir(),
+                        "--node-rank", "0", "--token-file", str(token),
+                        "--tcp-port-base", "65533", "--", "true"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "outside 1024..65535" in r.stderr, r.stderr
+    bad = plan_two_nodes()
+    del bad["servers"][1]["host"]
+    plan.write_text(json.dumps(bad))
+    r = subprocess.run([LAUNCH, "--cpu", "--plan", str(plan), "--bin-dir", bin_dir(),
+                        "--node-rank", "0", "--token-file", str(token), "--", "true"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "malformed" in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -67,8 +67,9 @@ def test_token_file_from_the_environment(tcp_server, monkeypatch):
 def test_wrong_or_missing_token_is_refused(tcp_server, monkeypatch):
     monkeypatch.delenv("MUON_OFFLOAD_TOKEN_FILE", raising=False)
     _, tcp, _ = tcp_server
-    with pytest.raises(ServerError, match="token"):
+    with pytest.raises(ServerError, match="token") as e:
         Client([tcp], auth_token="not-the-token-0123456789abcdef")
+    assert e.value.server_code == "unauthorized"
     with pytest.raises(ServerError, match="token"):
         Client([tcp])
 
