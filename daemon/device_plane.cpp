@@ -63,10 +63,13 @@ class DeviceParamState {
 struct NcclSession {
   int device = 0;
   transport::NcclIdBytes tx_id{}, rx_id{};
-  std::unique_ptr<transport::NcclComm> tx_comm, rx_comm;  // set by the joining thread
   std::unique_ptr<DeviceStream> recv_stream, send_stream;
-  OwnedEvent sent;  // the last transfer of send_stream, for the return stream to wait on
+  OwnedEvent sent;      // the last transfer of send_stream, for the return stream to wait on
+  DeviceBuffer warmup;  // 2 floats for the warm-up transfers (allocated with the session: a
+                        // cudaFree on the joining thread would wait for every session's kernels)
   std::atomic<bool> ready{false}, failed{false};
+  // Last: destroyed first, so that transfers still queued end before streams and buffers go.
+  std::unique_ptr<transport::NcclComm> tx_comm, rx_comm;  // set by the joining thread
 };
 #endif
 
@@ -464,6 +467,7 @@ DeviceRingsPtr DevicePlane::make_nccl_session(uint32_t tx_slots, uint32_t rx_slo
   n->rx_id = transport::new_nccl_id();
   n->recv_stream = std::make_unique<DeviceStream>(config_.priority);
   n->send_stream = std::make_unique<DeviceStream>(config_.priority);
+  n->warmup.reserve(2 * sizeof(float));
   rings->nccl = std::move(n);
   return rings;
 #else
@@ -504,10 +508,8 @@ void DevicePlane::join_nccl(const DeviceRingsPtr& rings, std::chrono::millisecon
       // Connect both now (the client does the same after its join): a communicator's first
       // transfer sets up the connection and cannot return before the peer made its call; later
       // calls on the io thread then only enqueue.
-      DeviceBuffer scratch;
-      scratch.reserve(2 * sizeof(float));
-      const transport::RecvTile in{scratch.as<float>(), 1, TileDType::f32};
-      const transport::SendTile out{scratch.as<float>() + 1, 1, TileDType::f32};
+      const transport::RecvTile in{n->warmup.as<float>(), 1, TileDType::f32};
+      const transport::SendTile out{n->warmup.as<float>() + 1, 1, TileDType::f32};
       n->tx_comm->recv(1, {&in, 1}, n->recv_stream->get());
       n->rx_comm->send(1, {&out, 1}, n->send_stream->get());
       n->tx_comm->wait(n->recv_stream->get(), timeout);
