@@ -8,7 +8,9 @@ other buffer must be on the CPU. Nothing here imports torch unless given a CUDA 
 Servers are Unix socket paths, or ``"tcp://HOST:PORT"`` for a server's TCP control plane (another
 node): the server's token (``auth_token=``, else the file named by ``MUON_OFFLOAD_TOKEN_FILE``)
 is sent in the hello over TCP only; a missing or wrong one is refused with
-:class:`~muon_offload.ServerError` ("unauthorized").
+:class:`~muon_offload.ServerError` (``server_code`` "unauthorized"). ``tcp://`` endpoints use the
+data plane named by ``MUON_OFFLOAD_REMOTE_DATA_PLANE`` when it is set (the launcher sets "nccl"
+for a plan spanning hosts), the data plane below otherwise.
 
 Data plane (``data_plane=``, or the environment variable ``MUON_OFFLOAD_DATA_PLANE``): ``"shm"``
 (default; host shared memory, a server on this node), ``"cuda_ipc"`` (the server's device rings
