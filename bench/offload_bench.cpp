@@ -6,29 +6,23 @@
 //                          exposed after the last push when pushes are paced like backward
 //                          (after one untimed warm-up step)
 #include <benchmark/benchmark.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstring>
-#include <filesystem>
 #include <random>
 #include <thread>
 
 #include "bench/model_shapes.hpp"
+#include "bench/server_process.hpp"
 #include "client/client.hpp"
 #include "client/health_probe.hpp"
 #include "kernels/backend.hpp"
-
-extern char** environ;
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 using namespace muon;
-namespace fs = std::filesystem;
 
 double seconds(Clock::duration d) {
   return std::chrono::duration<double>(d).count();
@@ -40,45 +34,6 @@ int cpu_threads() {
   const char* env = std::getenv("MUON_BENCH_CPU_THREADS");
   return env ? std::atoi(env) : 2;
 }
-
-// A muon-offloadd process on a private socket.
-class Server {
- public:
-  explicit Server(uint64_t slot_kib) {
-    char tmpl[] = "/tmp/muon-bench-XXXXXX";
-    dir_ = mkdtemp(tmpl);
-    socket_ = dir_ + "/s.sock";
-    std::vector<std::string> args = {MUON_OFFLOADD,
-                                     "--socket",
-                                     socket_,
-                                     "--threads",
-                                     std::to_string(cpu_threads()),
-                                     "--slot-kib",
-                                     std::to_string(slot_kib),
-                                     "--log-level",
-                                     "warn",
-                                     "--step-timeout-ms",
-                                     "600000"};
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    if (posix_spawn(&pid_, argv[0], nullptr, nullptr, argv.data(), environ) != 0) {
-      throw std::runtime_error("cannot start " + args[0]);
-    }
-    client::wait_healthy(socket_, std::chrono::seconds(20));
-  }
-  ~Server() {
-    kill(pid_, SIGTERM);
-    int st = 0;
-    waitpid(pid_, &st, 0);
-    fs::remove_all(dir_);
-  }
-  const std::string& socket() const { return socket_; }
-
- private:
-  std::string dir_, socket_;
-  pid_t pid_ = 0;
-};
 
 client::ParameterRegistration param(const std::string& name, int64_t r, int64_t c,
                                     std::vector<transport::Range> push) {
@@ -103,7 +58,8 @@ client::ParameterRegistration param(const std::string& name, int64_t r, int64_t 
 void BM_Transport(benchmark::State& state) {
   const int64_t tile = state.range(0);
   const int64_t elems = 16 << 20;  // 64 MiB fp32
-  Server server(static_cast<uint64_t>(tile) / 1024);
+  bench::BenchServer server({"--threads", std::to_string(cpu_threads()), "--slot-kib",
+                             std::to_string(tile / 1024), "--step-timeout-ms", "600000"});
   client::ClientConfig cfg;
   cfg.servers = {server.socket()};
   cfg.op_timeout = std::chrono::minutes(5);
@@ -196,7 +152,8 @@ void BM_Step(benchmark::State& state) {
     }
   }
 
-  Server server(4096);
+  bench::BenchServer server({"--threads", std::to_string(cpu_threads()), "--slot-kib", "4096",
+                             "--step-timeout-ms", "600000"});
   // Each rank pushes its row shard (contributors = 1): the Newton-Schulz work is the same for any
   // number of clients; more clients only split the bytes.
   std::vector<std::unique_ptr<client::Client>> cs(static_cast<size_t>(clients));

@@ -11,19 +11,16 @@
 // One untimed step first (server buffers, CUDA graphs off, IPC handles opened).
 #include <benchmark/benchmark.h>
 #include <cuda_runtime_api.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
-#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "bench/gpu_bench.hpp"
 #include "bench/model_shapes.hpp"
+#include "bench/server_process.hpp"
 #include "client/client.hpp"
 #include "client/health_probe.hpp"
 #include "core/cuda_check.hpp"
@@ -32,49 +29,14 @@
 #include "kernels/device_probe.hpp"
 #include "kernels/device_stream.hpp"
 
-extern char** environ;
-
 namespace muon::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-namespace fs = std::filesystem;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
-
-// muon-offloadd --backend cuda on a private socket; SIGTERM at destruction.
-class GpuServer {
- public:
-  GpuServer() {
-    char tmpl[] = "/tmp/muon-gpu-bench-XXXXXX";
-    dir_ = mkdtemp(tmpl);
-    socket_ = dir_ + "/s.sock";
-    std::vector<std::string> args = {MUON_OFFLOADD, "--socket", socket_,       "--backend", "cuda",
-                                     "--slot-kib",  "4096",     "--log-level", "warn"};
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    if (posix_spawn(&pid_, argv[0], nullptr, nullptr, argv.data(), environ) != 0) {
-      throw Error("cannot start " + args[0]);
-    }
-    client::wait_healthy(socket_, std::chrono::seconds(60));
-  }
-  GpuServer(const GpuServer&) = delete;
-  GpuServer& operator=(const GpuServer&) = delete;
-  ~GpuServer() {
-    kill(pid_, SIGTERM);
-    int st = 0;
-    waitpid(pid_, &st, 0);
-    fs::remove_all(dir_);
-  }
-  const std::string& socket() const { return socket_; }
-
- private:
-  std::string dir_, socket_;
-  pid_t pid_ = 0;
-};
 
 // Device buffers owned by the benchmark.
 class DeviceFloats {
@@ -109,7 +71,7 @@ void run_server_step(benchmark::State& state, transport::DataPlane plane) {
     momenta.push_back(std::make_unique<DeviceFloats>(n, 0.5f));
     updates.push_back(std::make_unique<DeviceFloats>(n, 0.25f));
   }
-  GpuServer server;
+  BenchServer server({"--backend", "cuda", "--slot-kib", "4096"});
   client::ClientConfig cfg;
   cfg.servers = {server.socket()};
   cfg.data_plane = plane;

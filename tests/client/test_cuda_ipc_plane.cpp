@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "client_fixtures.hpp"
+#include "cuda_ok.hpp"
 
 using namespace muon;
 using namespace muon::testing;
@@ -25,12 +26,6 @@ constexpr int kSteps = 3;
 std::vector<client::ParameterRegistration> params() {
   return {one_param("a", {128, 256}), one_param("b", {96, 160})};
 }
-
-#define CUDA_OK(call)                                                                       \
-  do {                                                                                      \
-    const cudaError_t cuda_ok_err_ = (call);                                                \
-    ASSERT_EQ(cuda_ok_err_, cudaSuccess) << #call ": " << cudaGetErrorString(cuda_ok_err_); \
-  } while (0)
 
 // updates[rank][step][param], momentum[param] (fetched by rank 0 after the last step).
 struct RunResult {

@@ -15,6 +15,7 @@
 
 #include "client/nccl_plane.hpp"
 #include "client_fixtures.hpp"
+#include "cuda_ok.hpp"
 
 using namespace muon;
 using namespace muon::testing;
@@ -22,12 +23,6 @@ using namespace muon::testing;
 namespace {
 
 constexpr int kSteps = 2;
-
-#define CUDA_OK(call)                                                                       \
-  do {                                                                                      \
-    const cudaError_t cuda_ok_err_ = (call);                                                \
-    ASSERT_EQ(cuda_ok_err_, cudaSuccess) << #call ": " << cudaGetErrorString(cuda_ok_err_); \
-  } while (0)
 
 struct RunResult {
   std::vector<std::vector<float>> updates;       // by step: device pushes and waits
