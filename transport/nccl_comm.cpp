@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "core/cuda_check.hpp"
 #include "core/error.hpp"
@@ -85,12 +86,18 @@ NcclComm::~NcclComm() {
 }
 
 void NcclComm::fail(const std::string& message) {
-  if (healthy_) {
-    healthy_ = false;
-    ncclCommAbort(comm_);  // makes pending NCCL kernels return; the communicator is gone
-    comm_ = nullptr;
-  }
+  abort();  // makes pending NCCL kernels return; the communicator is gone
   throw DeviceError(message);
+}
+
+void NcclComm::abort() noexcept {
+  if (!healthy_.exchange(false)) return;
+  ncclComm_t comm = std::exchange(comm_, nullptr);
+  if (comm == nullptr) return;
+  const ncclResult_t a = ncclCommAbort(comm);
+  if (a != ncclSuccess) {
+    detail::report_failed_call("ncclCommAbort", ncclGetErrorString(a), __FILE__, __LINE__);
+  }
 }
 
 void NcclComm::settle(std::chrono::milliseconds timeout, const char* what) {

@@ -7,6 +7,7 @@
 
 #include <nccl.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <span>
@@ -67,6 +68,12 @@ class NcclComm {
     exchange(peer, {}, tiles, stream);
   }
 
+  /// Aborts the communicator (ncclCommAbort): transfers queued or running on it return, it is
+  /// unusable afterwards. For a peer that is gone (its process, its node): without it a queued
+  /// send or receive would spin on its stream forever. May be called from any thread, also while
+  /// another is inside exchange() or wait(); idempotent.
+  void abort() noexcept;
+
   /// Waits until `stream` is idle while watching the communicator for asynchronous errors.
   /// Throws DeviceError naming the error, or the timeout, after aborting the communicator (it is
   /// unusable afterwards).
@@ -81,7 +88,7 @@ class NcclComm {
   ncclComm_t comm_ = nullptr;
   int nranks_ = 0;
   int rank_ = 0;
-  bool healthy_ = false;
+  std::atomic<bool> healthy_{false};
 };
 
 }  // namespace muon::transport
