@@ -216,32 +216,8 @@ void Engine::on_step_report(const SessionPtr& s, const Frame& f) {
   reports_[s->id()] = std::move(m);
 }
 
-void Engine::on_hello(const SessionPtr& s, const Frame& f) {
-  if (s->rank >= 0) throw transport::ProtocolError("hello sent twice");
-  auto m = transport::decode<transport::Hello>(f.payload);
-  // The token first: an unauthenticated TCP peer learns nothing (world size, connected ranks).
-  if (s->tcp &&
-      (config_.auth_token.empty() || !transport::tokens_equal(m.token, config_.auth_token))) {
-    log()->warn("session {}: refused a TCP hello of rank {}: wrong or missing token", s->id(),
-                m.rank);
-    reply_error(s,
-                {"unauthorized", "hello over TCP needs the server's token (--auth-token-file)", "",
-                 -1, m.rank},
-                f.request_id);
-    s->close("unauthorized");
-    return;
-  }
-  if (world_size_ != 0 && m.world_size != world_size_) {
-    throw transport::ProtocolError(
-        "world size mismatch: this server serves a job of " + std::to_string(world_size_) +
-        " ranks, rank " + std::to_string(m.rank) + " says " + std::to_string(m.world_size));
-  }
-  if (auto other = session_of(m.rank)) {
-    throw transport::ProtocolError("rank " + std::to_string(m.rank) +
-                                   " is already connected (session " + std::to_string(other->id()) +
-                                   ")");
-  }
-  transport::HelloOk ok;
+bool Engine::open_data_plane(const SessionPtr& s, const transport::Hello& m, transport::HelloOk& ok,
+                             uint32_t request_id) {
   if (m.data_plane != transport::DataPlane::shm) {
     const char* plane = transport::data_plane_name(m.data_plane);
     if (!device_) {
@@ -254,8 +230,8 @@ void Engine::on_hello(const SessionPtr& s, const Frame& f) {
                        (config_.host_staging ? " with --host-staging" : "") +
                        "); connect with data plane shm",
                    "", -1, m.rank},
-                  f.request_id);
-      return;
+                  request_id);
+      return false;
     }
     const auto& l = config_.layout;
     DeviceRingsPtr rings;
@@ -264,8 +240,8 @@ void Engine::on_hello(const SessionPtr& s, const Frame& f) {
                   ? device_->make_nccl_session(l.tx_slots, l.rx_slots, l.slot_bytes)
                   : device_->make_session_rings(l.tx_slots, l.rx_slots, l.slot_bytes);
     } catch (const BackendUnavailable& e) {
-      reply_error(s, {"unsupported", e.message(), "", -1, m.rank}, f.request_id);
-      return;
+      reply_error(s, {"unsupported", e.message(), "", -1, m.rank}, request_id);
+      return false;
     }
     // Chunks that waited for a credit: their element size says their dtype (2: bf16).
     s->use_device_rings(
@@ -282,10 +258,9 @@ void Engine::on_hello(const SessionPtr& s, const Frame& f) {
       s->hold_data_plane();
       ok.nccl_tx_id = DevicePlane::nccl_tx_id(*rings);
       ok.nccl_rx_id = DevicePlane::nccl_rx_id(*rings);
-      // The client joins both communicators once it has the ids; one that does not within the
-      // step timeout is dropped.
-      // Results wait as host bytes until both communicators are joined and connected. The
-      // callback runs on the joining thread, which may outlive this Engine: `alive_` says.
+      // The client joins both communicators once it has the ids (the server drops one that
+      // does not within the step timeout); results wait as host bytes until then. The callback
+      // runs on the joining thread, which may outlive this Engine: `alive_` says.
       std::weak_ptr<Session> weak = s;
       std::weak_ptr<bool> alive = alive_;
       device_->join_nccl(
@@ -312,6 +287,36 @@ void Engine::on_hello(const SessionPtr& s, const Frame& f) {
     s->segment.emplace(transport::ShmSegment::create(config_.layout));
     ok.shm_name = s->segment->name();
   }
+  return true;
+}
+
+void Engine::on_hello(const SessionPtr& s, const Frame& f) {
+  if (s->rank >= 0) throw transport::ProtocolError("hello sent twice");
+  auto m = transport::decode<transport::Hello>(f.payload);
+  // The token first: an unauthenticated TCP peer learns nothing (world size, connected ranks).
+  if (s->tcp &&
+      (config_.auth_token.empty() || !transport::tokens_equal(m.token, config_.auth_token))) {
+    log()->warn("session {}: refused a TCP hello of rank {}: wrong or missing token", s->id(),
+                m.rank);
+    reply_error(s,
+                {"unauthorized", "hello over TCP needs the server's token (--auth-token-file)", "",
+                 -1, m.rank},
+                f.request_id);
+    s->close("unauthorized");
+    return;
+  }
+  if (world_size_ != 0 && m.world_size != world_size_) {
+    throw transport::ProtocolError(
+        "world size mismatch: this server serves a job of " + std::to_string(world_size_) +
+        " ranks, rank " + std::to_string(m.rank) + " says " + std::to_string(m.world_size));
+  }
+  if (auto other = session_of(m.rank)) {
+    throw transport::ProtocolError("rank " + std::to_string(m.rank) +
+                                   " is already connected (session " + std::to_string(other->id()) +
+                                   ")");
+  }
+  transport::HelloOk ok;
+  if (!open_data_plane(s, m, ok, f.request_id)) return;  // refused: the error went out
   world_size_ = m.world_size;
   lost_ranks_.erase(m.rank);
   s->rank = m.rank;

@@ -90,6 +90,11 @@ class Engine {
   };
 
   void on_hello(const SessionPtr& s, const transport::Frame& f);
+  /// The session's data plane as its hello asks: a shared-memory segment, exported device
+  /// rings (cuda_ipc) or NCCL communicators being joined (nccl); fills `ok`. Replies the error
+  /// and returns false when this server cannot serve that plane.
+  bool open_data_plane(const SessionPtr& s, const transport::Hello& m, transport::HelloOk& ok,
+                       uint32_t request_id);
   void on_register(const SessionPtr& s, const transport::Frame& f);
   void on_push(const SessionPtr& s, const transport::Frame& f);
   void on_commit(const SessionPtr& s, const transport::Frame& f);
