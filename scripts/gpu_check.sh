@@ -55,7 +55,13 @@ run() {
   return "${PIPESTATUS[0]}"
 }
 # has_target NAME: the build folder has a target NAME (Makefiles: "... NAME", Ninja: "NAME: ...").
-has_target() { cmake --build "$BUILD" --target help 2>/dev/null | grep -qE "^(\.\.\. )?$1(:|\$| )"; }
+# The list is read once into a variable: piping cmake into `grep -q` under pipefail fails on the
+# SIGPIPE cmake gets when grep stops reading at the first match.
+target_list=""
+has_target() {
+  [[ -n $target_list ]] || target_list=$(cmake --build "$BUILD" --target help 2>/dev/null)
+  grep -qE "^(\.\.\. )?$1(:|\$| )" <<<"$target_list"
+}
 
 section "muon-offload GPU check"
 log "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (dirty)')"
