@@ -22,20 +22,6 @@ namespace {
 
 const std::string kToken = "muon-test-token-0123456789abcdef";
 
-// A TCP port free right now on 127.0.0.1 (bound to port 0, then closed).
-uint16_t free_port() {
-  boost::asio::io_context io;
-  boost::asio::ip::tcp::acceptor a(io, {boost::asio::ip::address_v4::loopback(), 0});
-  return a.local_endpoint().port();
-}
-
-std::string write_token_file(const fs::path& dir, const std::string& token) {
-  const auto path = (dir / "token").string();
-  std::ofstream(path) << token << "\n";
-  ::chmod(path.c_str(), 0600);
-  return path;
-}
-
 // Unsets MUON_OFFLOAD_TOKEN_FILE for a test and restores it after.
 class TokenEnv {
  public:
@@ -59,7 +45,7 @@ class TokenEnv {
 // A CPU server on a Unix socket and on 127.0.0.1:port with the test's token.
 struct TcpServer {
   explicit TcpServer(const fs::path& dir)
-      : port(free_port()),
+      : port(free_tcp_port()),
         token_file(write_token_file(dir, kToken)),
         process(dir, {"--backend", "cpu", "--listen", "127.0.0.1:" + std::to_string(port),
                       "--auth-token-file", token_file}) {}
@@ -234,7 +220,7 @@ TEST(Tcp, HealthWorksStatusIsRefused) {
 
 TEST(Tcp, UnreachablePortIsConnectionLostNamingTheEndpoint) {
   TokenEnv env;
-  auto cfg = config_for("tcp://127.0.0.1:" + std::to_string(free_port()));
+  auto cfg = config_for("tcp://127.0.0.1:" + std::to_string(free_tcp_port()));
   cfg.connect_timeout = std::chrono::milliseconds(200);
   cfg.auth_token = kToken;
   try {

@@ -6,11 +6,13 @@
 
 #include <array>
 #include <filesystem>
+#include <fstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "process.hpp"
+#include "transport/endpoint.hpp"
 #include "transport/frame.hpp"
 #include "transport/messages.hpp"
 
@@ -20,6 +22,24 @@ using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 
 const int kThreads = 1;  // server and reference must agree on OpenBLAS threads for bitwise
+
+/// A TCP port free right now on 127.0.0.1 (bound to port 0, then released), for --listen.
+inline uint16_t free_tcp_port() {
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::acceptor a(io, {boost::asio::ip::address_v4::loopback(), 0});
+  return a.local_endpoint().port();
+}
+
+/// Writes `token` and a newline to dir/token with `perms` (private by default, as the server
+/// requires for --auth-token-file); returns its path.
+inline std::string write_token_file(const fs::path& dir, const std::string& token,
+                                    fs::perms perms = fs::perms::owner_read |
+                                                      fs::perms::owner_write) {
+  const auto path = dir / "token";
+  std::ofstream(path) << token << "\n";
+  fs::permissions(path, perms);
+  return path.string();
+}
 
 inline fs::path temp_dir() {
   char tmpl[] = "/tmp/muon-it-XXXXXX";
@@ -62,11 +82,13 @@ class ServerProcess {
   pid_t pid() const { return pid_; }
 
   // Frames over a raw socket, for health checks and abuse tests.
-  static transport::Frame roundtrip(const std::string& socket,
+  // `endpoint`: a socket path or tcp://HOST:PORT. Throws (boost::system::system_error) when the
+  // server closes the connection before answering.
+  static transport::Frame roundtrip(const std::string& endpoint,
                                     const std::vector<std::byte>& bytes) {
     boost::asio::io_context io;
-    boost::asio::local::stream_protocol::socket s(io);
-    s.connect(boost::asio::local::stream_protocol::endpoint(socket));
+    boost::asio::generic::stream_protocol::socket s(io);
+    s.connect(transport::resolve(transport::parse_endpoint(endpoint), io));
     boost::asio::write(s, boost::asio::buffer(bytes));
     transport::FrameDecoder dec;
     std::array<std::byte, 4096> buf;

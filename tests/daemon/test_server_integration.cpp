@@ -321,51 +321,15 @@ TEST(ServerIntegration, MalformedFramesHurtOnlyTheirSender) {
   fs::remove_all(dir);
 }
 
-namespace {
-
-// A TCP port nobody listens on right now (bound to port 0, then released).
-uint16_t free_tcp_port() {
-  boost::asio::io_context io;
-  boost::asio::ip::tcp::acceptor a(io, {boost::asio::ip::make_address("127.0.0.1"), 0});
-  return a.local_endpoint().port();
-}
-
-// One frame over TCP to 127.0.0.1:port and the first frame back; nullopt when the server closed
-// the connection without one.
-std::optional<transport::Frame> tcp_roundtrip(uint16_t port,
-                                              const std::vector<std::vector<std::byte>>& frames) {
-  boost::asio::io_context io;
-  boost::asio::ip::tcp::socket s(io);
-  s.connect({boost::asio::ip::make_address("127.0.0.1"), port});
-  for (const auto& f : frames) boost::asio::write(s, boost::asio::buffer(f));
-  transport::FrameDecoder dec;
-  std::array<std::byte, 4096> buf;
-  boost::system::error_code ec;
-  for (;;) {
-    const size_t n = s.read_some(boost::asio::buffer(buf), ec);
-    if (ec) return std::nullopt;
-    dec.feed(buf.data(), n);
-    if (auto f = dec.next()) return *f;
-  }
-}
-
-std::string write_token(const fs::path& dir, const std::string& token, fs::perms perms) {
-  const auto path = dir / "token";
-  std::ofstream(path) << token << "\n";
-  fs::permissions(path, perms);
-  return path.string();
-}
-
-}  // namespace
-
 // The TCP control plane admits only a hello with the server's token: a wrong or missing token is
 // answered "unauthorized" and the connection closed; nothing but health answers before hello
 // (status names parameters); the right token gets hello_ok (shm on this host).
 TEST(ServerIntegration, TcpControlPlaneNeedsTheToken) {
   const auto dir = temp_dir();
   const std::string token = "0123456789abcdef-secret";
-  const auto file = write_token(dir, token, fs::perms::owner_read | fs::perms::owner_write);
+  const auto file = write_token_file(dir, token);
   const uint16_t port = free_tcp_port();
+  const std::string tcp = "tcp://127.0.0.1:" + std::to_string(port);
   ServerProcess server(
       dir, {"--listen", "127.0.0.1:" + std::to_string(port), "--auth-token-file", file});
   using transport::MessageType;
@@ -373,10 +337,9 @@ TEST(ServerIntegration, TcpControlPlaneNeedsTheToken) {
     return transport::encode_frame({static_cast<uint16_t>(t), 7, payload});
   };
   const auto expect_refused = [&](const std::string& hello, const std::string& needle) {
-    auto f = tcp_roundtrip(port, {frame(MessageType::hello, hello)});
-    ASSERT_TRUE(f.has_value());
-    ASSERT_EQ(f->type, static_cast<uint16_t>(MessageType::error)) << f->payload;
-    const auto e = transport::decode<transport::ErrorMsg>(f->payload);
+    const auto f = ServerProcess::roundtrip(tcp, frame(MessageType::hello, hello));
+    ASSERT_EQ(f.type, static_cast<uint16_t>(MessageType::error)) << f.payload;
+    const auto e = transport::decode<transport::ErrorMsg>(f.payload);
     EXPECT_EQ(e.code, "unauthorized");
     EXPECT_NE(e.message.find(needle), std::string::npos) << e.message;
   };
@@ -388,9 +351,8 @@ TEST(ServerIntegration, TcpControlPlaneNeedsTheToken) {
   expect_refused(R"({"rank": 5, "world_size": 9})", "token");
   expect_refused(R"({"rank": 0, "world_size": 1, "token": "0123456789abcdef-secreT"})", "token");
   // status before hello: refused over TCP (it names parameters), answered on the Unix socket.
-  auto st = tcp_roundtrip(port, {frame(MessageType::status, "{}")});
-  ASSERT_TRUE(st.has_value());
-  EXPECT_EQ(st->type, static_cast<uint16_t>(MessageType::error));
+  EXPECT_EQ(ServerProcess::roundtrip(tcp, frame(MessageType::status, "{}")).type,
+            static_cast<uint16_t>(MessageType::error));
   EXPECT_EQ(ServerProcess::roundtrip(server.socket(), frame(MessageType::status, "{}")).type,
             static_cast<uint16_t>(MessageType::status_ok));
   // A bad request before hello gets its answer, then the connection is closed.
@@ -407,15 +369,13 @@ TEST(ServerIntegration, TcpControlPlaneNeedsTheToken) {
     EXPECT_EQ(ec, boost::asio::error::eof) << ec.message();  // then the server closed
   }
   // health answers; the right token gets a session.
-  auto h = tcp_roundtrip(port, {frame(MessageType::health, "{}")});
-  ASSERT_TRUE(h.has_value());
-  EXPECT_EQ(h->type, static_cast<uint16_t>(MessageType::health_ok));
-  auto ok = tcp_roundtrip(
-      port,
-      {frame(MessageType::hello, R"({"rank": 0, "world_size": 1, "token": ")" + token + R"("})")});
-  ASSERT_TRUE(ok.has_value());
-  ASSERT_EQ(ok->type, static_cast<uint16_t>(MessageType::hello_ok)) << ok->payload;
-  EXPECT_EQ(transport::decode<transport::HelloOk>(ok->payload).data_plane,
+  EXPECT_EQ(ServerProcess::roundtrip(tcp, frame(MessageType::health, "{}")).type,
+            static_cast<uint16_t>(MessageType::health_ok));
+  const auto ok = ServerProcess::roundtrip(
+      tcp,
+      frame(MessageType::hello, R"({"rank": 0, "world_size": 1, "token": ")" + token + R"("})"));
+  ASSERT_EQ(ok.type, static_cast<uint16_t>(MessageType::hello_ok)) << ok.payload;
+  EXPECT_EQ(transport::decode<transport::HelloOk>(ok.payload).data_plane,
             transport::DataPlane::shm);
   fs::remove_all(dir);
 }
@@ -439,8 +399,8 @@ TEST(ServerIntegration, TcpControlPlaneRefusesToStartWithoutAPrivateToken) {
   EXPECT_EQ(rc1, 1);
   EXPECT_NE(err1.find("needs --auth-token-file"), std::string::npos) << err1;
   const auto open_file =
-      write_token(dir, "0123456789abcdef-secret",
-                  fs::perms::owner_read | fs::perms::owner_write | fs::perms::others_read);
+      write_token_file(dir, "0123456789abcdef-secret",
+                       fs::perms::owner_read | fs::perms::owner_write | fs::perms::others_read);
   auto [rc2, err2] = run({"--listen", listen, "--auth-token-file", open_file});
   EXPECT_EQ(rc2, 1);
   EXPECT_NE(err2.find("group or others"), std::string::npos) << err2;

@@ -1,6 +1,6 @@
-// Helpers of the observability tests: a free TCP port, an HTTP GET with Beast, the Prometheus
-// text format parsed into series -> value, a client step, and the orthogonality error computed
-// in double from a returned update.
+// Helpers of the observability tests (a free TCP port: server_process.hpp): an HTTP GET with Beast,
+// the Prometheus text format parsed into series -> value, a client step, and the orthogonality
+// error computed in double from a returned update.
 #pragma once
 
 #include "transport/asio.hpp"
@@ -21,17 +21,10 @@
 #include <vector>
 
 #include "client/client.hpp"
+#include "daemon/server_process.hpp"
 #include "kernels/scale_rule.hpp"
 
 namespace muon::testing {
-
-/// A port that was free a moment ago (bound to 127.0.0.1:0, then released).
-inline uint16_t free_tcp_port() {
-  boost::asio::io_context io;
-  boost::asio::ip::tcp::acceptor a(
-      io, {boost::asio::ip::make_address("127.0.0.1"), static_cast<uint16_t>(0)});
-  return a.local_endpoint().port();
-}
 
 struct HttpAnswer {
   int status = 0;

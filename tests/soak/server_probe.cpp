@@ -127,8 +127,11 @@ std::string server_status(const std::string& socket, std::chrono::milliseconds t
 std::string abandoned_hello(const std::string& socket, int rank, int world,
                             std::chrono::milliseconds timeout) {
   std::string why;
-  auto f = request(socket, transport::MessageType::hello,
-                   transport::encode(transport::Hello{rank, world, "soak: hello, then gone"}),
+  transport::Hello hello;
+  hello.rank = rank;
+  hello.world_size = world;
+  hello.client = "soak: hello, then gone";
+  auto f = request(socket, transport::MessageType::hello, transport::encode(hello),
                    transport::MessageType::hello_ok, timeout, why);
   if (!f) throw std::runtime_error("hello as rank " + std::to_string(rank) + ": " + why);
   auto name = transport::decode<transport::HelloOk>(f->payload).shm_name;
