@@ -16,10 +16,8 @@ std::string auth_token_for(const std::string& configured,
     const auto last = configured.find_last_not_of(" \t\r\n");
     return first == std::string::npos ? "" : configured.substr(first, last - first + 1);
   }
-  bool any_tcp = false;
-  for (const auto& e : endpoints) any_tcp = any_tcp || transport::parse_endpoint(e).is_tcp();
   const char* file = std::getenv(kTokenFileEnv);
-  if (!any_tcp || file == nullptr || *file == '\0') return "";
+  if (file == nullptr || *file == '\0' || !transport::any_tcp_endpoint(endpoints)) return "";
   try {
     return transport::read_auth_token(file);
   } catch (const InvalidArgument& e) {

@@ -28,9 +28,7 @@ void Client::connect_all() {
   connections_.clear();
   const std::string token = auth_token_for(config_.auth_token, config_.servers);
   auto remote = config_.remote_data_plane;
-  bool any_tcp = false;
-  for (const auto& e : config_.servers) any_tcp = any_tcp || transport::parse_endpoint(e).is_tcp();
-  if (!remote && any_tcp) {
+  if (!remote && transport::any_tcp_endpoint(config_.servers)) {
     if (const char* env = std::getenv("MUON_OFFLOAD_REMOTE_DATA_PLANE"); env && *env) {
       try {
         remote = transport::parse_data_plane(env);

@@ -45,6 +45,13 @@ Endpoint parse_endpoint(std::string_view text) {
   return e;
 }
 
+bool any_tcp_endpoint(const std::vector<std::string>& endpoints) {
+  for (const auto& e : endpoints) {
+    if (parse_endpoint(e).is_tcp()) return true;
+  }
+  return false;
+}
+
 asio::generic::stream_protocol::endpoint resolve(const Endpoint& e, asio::io_context& io) {
   if (!e.is_tcp()) return asio::local::stream_protocol::endpoint(e.path);
   asio::ip::tcp::resolver resolver(io);

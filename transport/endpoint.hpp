@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace muon::transport {
 
@@ -27,6 +28,9 @@ struct Endpoint {
 /// Unix socket path. Throws InvalidArgument for an empty string, a tcp endpoint without host or
 /// with a port outside [1, 65535], or a path longer than a Unix socket address holds (107 bytes).
 Endpoint parse_endpoint(std::string_view text);
+
+/// True when one of `endpoints` is tcp://. Throws as parse_endpoint for a malformed one.
+bool any_tcp_endpoint(const std::vector<std::string>& endpoints);
 
 /// The address to connect to: the socket path, or the first address HOST resolves to. Throws
 /// InvalidArgument naming the endpoint when HOST does not resolve.
