@@ -229,30 +229,28 @@ void DevicePlane::reduce(StepReducer& reducer, DeviceParamState& param) {
   MUON_CUDA_CHECK(cudaEventRecord(param.grad_ready.e, impl_->receive.get()));
 }
 
+void DevicePlane::copy_blocking(void* dst, const void* src, int64_t floats) {
+  MUON_CUDA_CHECK(cudaSetDevice(config_.device));
+  MUON_CUDA_CHECK(
+      cudaMemcpyAsync(dst, src, f32_bytes(floats), cudaMemcpyDefault, impl_->host.get()));
+  impl_->host.synchronize();
+}
+
 void DevicePlane::read_momentum(const DeviceParamState& param, int64_t offset, int64_t count,
                                 float* out) {
   if (!param.has_momentum) throw InvalidArgument("this parameter keeps no momentum");
-  MUON_CUDA_CHECK(cudaSetDevice(config_.device));
-  MUON_CUDA_CHECK(cudaMemcpyAsync(out, param.momentum.as<float>() + offset, f32_bytes(count),
-                                  cudaMemcpyDeviceToHost, impl_->host.get()));
-  impl_->host.synchronize();
+  copy_blocking(out, param.momentum.as<float>() + offset, count);
 }
 
 void DevicePlane::write_momentum(DeviceParamState& param, int64_t offset, const float* in,
                                  int64_t count) {
   if (!param.has_momentum) throw InvalidArgument("this parameter keeps no momentum");
-  MUON_CUDA_CHECK(cudaSetDevice(config_.device));
-  MUON_CUDA_CHECK(cudaMemcpyAsync(param.momentum.as<float>() + offset, in, f32_bytes(count),
-                                  cudaMemcpyHostToDevice, impl_->host.get()));
-  impl_->host.synchronize();
+  copy_blocking(param.momentum.as<float>() + offset, in, count);
 }
 
 void DevicePlane::read_update(const DeviceParamState& param, int64_t offset, int64_t count,
                               float* out) {
-  MUON_CUDA_CHECK(cudaSetDevice(config_.device));
-  MUON_CUDA_CHECK(cudaMemcpyAsync(out, param.update.as<float>() + offset, f32_bytes(count),
-                                  cudaMemcpyDeviceToHost, impl_->host.get()));
-  impl_->host.synchronize();
+  copy_blocking(out, param.update.as<float>() + offset, count);
 }
 
 void DevicePlane::run(NsJob& job) {
@@ -478,17 +476,10 @@ DeviceRingsPtr DevicePlane::make_nccl_session(uint32_t tx_slots, uint32_t rx_slo
 #endif
 }
 
-transport::NcclIdBytes DevicePlane::nccl_tx_id(const DeviceSessionRings& rings) {
+std::pair<transport::NcclIdBytes, transport::NcclIdBytes> DevicePlane::nccl_ids(
+    const DeviceSessionRings& rings) {
 #if defined(MUON_HAVE_NCCL)
-  if (rings.nccl) return rings.nccl->tx_id;
-#endif
-  (void)rings;
-  throw InvalidArgument("not an nccl session");
-}
-
-transport::NcclIdBytes DevicePlane::nccl_rx_id(const DeviceSessionRings& rings) {
-#if defined(MUON_HAVE_NCCL)
-  if (rings.nccl) return rings.nccl->rx_id;
+  if (rings.nccl) return {rings.nccl->tx_id, rings.nccl->rx_id};
 #endif
   (void)rings;
   throw InvalidArgument("not an nccl session");

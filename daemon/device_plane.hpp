@@ -33,6 +33,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "daemon/contribution_store.hpp"
 #include "kernels/device_stream.hpp"
@@ -131,8 +132,9 @@ class DevicePlane {
   /// Rings as above (local to this process) plus two fresh ncclUniqueIds: tx (gradients, client
   /// -> server) and rx (updates). Throws BackendUnavailable when the build has no NCCL.
   DeviceRingsPtr make_nccl_session(uint32_t tx_slots, uint32_t rx_slots, uint64_t slot_bytes);
-  static transport::NcclIdBytes nccl_tx_id(const DeviceSessionRings& rings);
-  static transport::NcclIdBytes nccl_rx_id(const DeviceSessionRings& rings);
+  /// The session's (tx, rx) ids; throws InvalidArgument for a session not on the nccl plane.
+  static std::pair<transport::NcclIdBytes, transport::NcclIdBytes> nccl_ids(
+      const DeviceSessionRings& rings);
   /// Joins both communicators as rank 0 (tx, then rx, as the client does) on a thread of its
   /// own, waiting up to `timeout` for the client, then calls `done` on that thread with "" or
   /// the error. Data-plane calls on the session before `done("")` throw InvalidArgument.
@@ -144,6 +146,8 @@ class DevicePlane {
   void updates_enqueued(DeviceParamState& param);
 
  private:
+  /// `floats` fp32 values between host and device memory on the host stream, waited for.
+  void copy_blocking(void* dst, const void* src, int64_t floats);
   struct Impl;
   DevicePlaneConfig config_;
   std::unique_ptr<Impl> impl_;

@@ -41,6 +41,9 @@ void DevicePlane::read_momentum(const DeviceParamState&, int64_t, int64_t, float
 void DevicePlane::write_momentum(DeviceParamState&, int64_t, const float*, int64_t) {
   unavailable();
 }
+void DevicePlane::copy_blocking(void*, const void*, int64_t) {
+  unavailable();
+}
 void DevicePlane::read_update(const DeviceParamState&, int64_t, int64_t, float*) {
   unavailable();
 }
@@ -75,10 +78,8 @@ void DevicePlane::send_host(DeviceSessionRings&, uint32_t, const void*, size_t, 
 DeviceRingsPtr DevicePlane::make_nccl_session(uint32_t, uint32_t, uint64_t) {
   unavailable();
 }
-transport::NcclIdBytes DevicePlane::nccl_tx_id(const DeviceSessionRings&) {
-  unavailable();
-}
-transport::NcclIdBytes DevicePlane::nccl_rx_id(const DeviceSessionRings&) {
+std::pair<transport::NcclIdBytes, transport::NcclIdBytes> DevicePlane::nccl_ids(
+    const DeviceSessionRings&) {
   unavailable();
 }
 void DevicePlane::join_nccl(const DeviceRingsPtr&, std::chrono::milliseconds,

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "core/error.hpp"
 #include "transport/auth_token.hpp"
@@ -256,8 +257,7 @@ bool Engine::open_data_plane(const SessionPtr& s, const transport::Hello& m, tra
     if (m.data_plane == transport::DataPlane::nccl) {
       s->nccl = true;
       s->hold_data_plane();
-      ok.nccl_tx_id = DevicePlane::nccl_tx_id(*rings);
-      ok.nccl_rx_id = DevicePlane::nccl_rx_id(*rings);
+      std::tie(ok.nccl_tx_id, ok.nccl_rx_id) = DevicePlane::nccl_ids(*rings);
       // The client joins both communicators once it has the ids (the server drops one that
       // does not within the step timeout); results wait as host bytes until then. The callback
       // runs on the joining thread, which may outlive this Engine: `alive_` says.
