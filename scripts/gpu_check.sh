@@ -146,27 +146,21 @@ for t in "${gpu_tests[@]}" "${cpu_tests[@]}"; do
   rm -f "$test_log"
 done
 
-section "benchmarks: muon_bench (Newton-Schulz from host memory vs cuBLAS bf16 GEMM)"
 bench_log="$OUT_DIR/bench.log"
 : >"$bench_log"
-if [[ -x $BUILD/bench/muon_bench ]]; then
-  if ! run 150 "$BUILD/bench/muon_bench" --benchmark_filter="$BENCH_FILTER" | tee -a "$bench_log"; then
-    log "muon_bench failed or ran out of time (150 s)"
+# bench NAME LIMIT_S FILTER: runs bench/NAME (when built) into the report and bench_log.
+bench() {
+  if [[ ! -x $BUILD/bench/$1 ]]; then
+    log "no bench/$1 binary: skipped"
+  elif ! run "$2" "$BUILD/bench/$1" --benchmark_filter="$3" | tee -a "$bench_log"; then
+    log "$1 failed or ran out of time ($2 s)"
     status=1
   fi
-else
-  log "no bench/muon_bench binary: skipped"
-fi
-
-section "benchmarks: muon_gpu_bench (IPC tile copy vs D2D; device Muon step vs cuBLAS bf16 GEMM)"
-if [[ -x $BUILD/bench/muon_gpu_bench ]]; then
-  if ! run 180 "$BUILD/bench/muon_gpu_bench" --benchmark_filter="$GPU_BENCH_FILTER" | tee -a "$bench_log"; then
-    log "muon_gpu_bench failed or ran out of time (180 s)"
-    status=1
-  fi
-else
-  log "no bench/muon_gpu_bench binary: skipped"
-fi
+}
+section "benchmarks: muon_bench (Newton-Schulz from host memory vs cuBLAS bf16 GEMM)"
+bench muon_bench 150 "$BENCH_FILTER"
+section "benchmarks: muon_gpu_bench (IPC tile copy vs D2D; device Muon step vs cuBLAS bf16 GEMM; a GPT-2 small step through a live CUDA server vs in process)"
+bench muon_gpu_bench 180 "$GPU_BENCH_FILTER"
 
 section "targets of issue 6 (reported, not failed on)"
 # Rows: name, then counter=value pairs on the same console line.
