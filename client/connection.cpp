@@ -22,7 +22,7 @@ std::string ms_text(std::chrono::milliseconds ms) {
 Connection::Connection(std::string endpoint, int rank, int world_size,
                        const std::string& client_name, std::chrono::milliseconds connect_timeout,
                        std::chrono::milliseconds op_timeout, transport::DataPlane data_plane,
-                       const std::string& auth_token)
+                       const std::string& auth_token, int relay_server)
     : path_(std::move(endpoint)),
       rank_(rank),
       op_timeout_(op_timeout),
@@ -54,10 +54,10 @@ Connection::Connection(std::string endpoint, int rank, int world_size,
   reader_ = std::thread([this] { reader_loop(); });
   try {
     // The token proves a TCP peer; a Unix socket peer is checked by uid and never gets it.
-    const auto id = send_request(
-        MessageType::hello,
-        transport::encode(transport::Hello{rank, world_size, client_name, data_plane,
-                                           where.is_tcp() ? auth_token : std::string()}));
+    const auto id = send_request(MessageType::hello,
+                                 transport::encode(transport::Hello{
+                                     rank, world_size, client_name, data_plane,
+                                     where.is_tcp() ? auth_token : std::string(), relay_server}));
     const auto ok = transport::decode<transport::HelloOk>(wait_reply(id, "hello").payload);
     if (ok.data_plane != data_plane) {
       throw ServerError("muon-offloadd at '" + path_ + "' answered a hello asking for data plane " +
@@ -527,7 +527,9 @@ void Connection::handle(transport::Frame f) {
     handle_update(transport::decode<transport::Update>(f.payload));
     return;
   }
-  std::lock_guard lk(mu_);
+  std::optional<transport::ErrorMsg> notify;  // a parameter's error, for error_callback_
+  ErrorCallback on_error;
+  std::unique_lock lk(mu_);
   switch (type) {
     case MessageType::push_ack: {
       const auto slot = transport::decode<transport::SlotAck>(f.payload).slot;
@@ -541,6 +543,10 @@ void Connection::handle(transport::Frame f) {
         replies_[f.request_id].done = true;
       } else if (!e.param.empty()) {
         params_[e.param].errors.emplace(e.step, e);  // the first error of a step is its cause
+        if (error_callback_) {
+          notify = std::move(e);
+          on_error = error_callback_;
+        }
       } else {
         // Not about one parameter (shutdown, protocol): every waiter should see it.
         for (auto& [name, p] : params_) p.errors[-1] = e;
@@ -556,6 +562,13 @@ void Connection::handle(transport::Frame f) {
       break;
   }
   cv_.notify_all();
+  lk.unlock();
+  if (notify && on_error) on_error(*notify);
+}
+
+void Connection::set_error_callback(ErrorCallback cb) {
+  std::lock_guard lk(mu_);
+  error_callback_ = std::move(cb);
 }
 
 void Connection::handle_update(const transport::Update& u) {

@@ -33,6 +33,9 @@ using Clock = std::chrono::steady_clock;
 
 /// Called on the reader thread when a parameter's update for a step is complete.
 using UpdateCallback = std::function<void(const std::string& name, int64_t step)>;
+/// Called on the reader thread with each error the server sends about one parameter (not in
+/// answer to a request): the error a later wait_update of that step will throw.
+using ErrorCallback = std::function<void(const transport::ErrorMsg& error)>;
 
 class Connection {
  public:
@@ -50,10 +53,13 @@ class Connection {
   /// "unauthorized": a tcp hello without the server's token; the message is the server's) or
   /// answers with another data plane; BackendUnavailable / DeviceError when the device plane
   /// cannot be set up here (built without CUDA, no usable GPU, NCCL refuses to join).
+  /// `relay_server` >= 0: the caller is that plan server relaying its domain's partial sums
+  /// (muon-offloadd's daemon/relay.hpp); `rank` must then be transport::relay_rank(world_size,
+  /// relay_server).
   Connection(std::string endpoint, int rank, int world_size, const std::string& client_name,
              std::chrono::milliseconds connect_timeout, std::chrono::milliseconds op_timeout,
              transport::DataPlane data_plane = transport::DataPlane::shm,
-             const std::string& auth_token = "");
+             const std::string& auth_token = "", int relay_server = -1);
   /// Tears the data plane down, then says goodbye and joins the reader thread. cuda_ipc: waits
   /// for the reader's and the host pushes' streams and for every copy into a tx slot, frees the
   /// device holding buffers, destroys the rings and unmaps their IPC handles, all before the
@@ -119,6 +125,8 @@ class Connection {
   void send_step_report(const transport::StepReport& report);
 
   void set_update_callback(UpdateCallback cb);
+  /// Installs the error callback (it must not call this connection).
+  void set_error_callback(ErrorCallback cb);
   /// Announces the want ranges and update dtype of a parameter before its first update.
   void expect_updates(const std::string& name, std::vector<transport::Range> want,
                       size_t elem_bytes);
@@ -127,6 +135,9 @@ class Connection {
   const std::string& socket_path() const { return path_; }
   /// Empty while the connection is alive; the reason once it is lost.
   std::string lost_reason();
+  /// Gives the connection up now from any thread: waits in progress and later calls throw
+  /// ConnectionLost with `why` (the destructor still tears the data plane down).
+  void abandon(const std::string& why) { lose(why); }
 
  private:
   /// Complete updates held per parameter before the oldest unread one is dropped.
@@ -227,6 +238,7 @@ class Connection {
   std::map<std::string, ParamRx> params_;
   std::string lost_;
   UpdateCallback callback_;
+  ErrorCallback error_callback_;
   std::thread reader_;
 };
 

@@ -51,5 +51,6 @@ void NcclPlane::discard(size_t, transport::DType) {
   unavailable();
 }
 void NcclPlane::synchronize() noexcept {}
+void NcclPlane::abort() noexcept {}
 
 }  // namespace muon::client

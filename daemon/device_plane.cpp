@@ -253,6 +253,18 @@ void DevicePlane::read_update(const DeviceParamState& param, int64_t offset, int
   copy_blocking(out, param.update.as<float>() + offset, count);
 }
 
+void DevicePlane::read_grad(DeviceParamState& param, float* out) {
+  MUON_CUDA_CHECK(cudaSetDevice(config_.device));
+  MUON_CUDA_CHECK(cudaStreamWaitEvent(impl_->host.get(), param.grad_ready.e, 0));
+  copy_blocking(out, param.grad.as<float>(), param.numel);
+}
+
+void DevicePlane::write_update(DeviceParamState& param, const float* in) {
+  MUON_CUDA_CHECK(cudaSetDevice(config_.device));
+  MUON_CUDA_CHECK(cudaStreamWaitEvent(impl_->host.get(), param.released.e, 0));
+  copy_blocking(param.update.as<float>(), in, param.numel);
+}
+
 void DevicePlane::run(NsJob& job) {
   auto& st = *job.device;
   const auto stream = impl_->compute.get();

@@ -47,6 +47,12 @@ void DevicePlane::copy_blocking(void*, const void*, int64_t) {
 void DevicePlane::read_update(const DeviceParamState&, int64_t, int64_t, float*) {
   unavailable();
 }
+void DevicePlane::read_grad(DeviceParamState&, float*) {
+  unavailable();
+}
+void DevicePlane::write_update(DeviceParamState&, const float*) {
+  unavailable();
+}
 void DevicePlane::run(NsJob&) {
   unavailable();
 }

@@ -29,9 +29,14 @@ std::shared_ptr<spdlog::logger> log() {
   return logger;
 }
 
-std::string ranks_text(const std::vector<int>& ranks) {
+// "[0, 1]"; with the job's world size, relays' ranks by name: "[0, 1, relay server 1]".
+std::string ranks_text(const std::vector<int>& ranks, int world_size = 0) {
   std::string s;
-  for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
+  for (int r : ranks) {
+    s += (s.empty() ? "" : ", ") + (world_size > 0 && r >= world_size
+                                        ? "relay server " + std::to_string(r - world_size)
+                                        : std::to_string(r));
+  }
   return "[" + s + "]";
 }
 
@@ -47,6 +52,23 @@ std::vector<int64_t> dims_of(const MatrixShape& s) {
 // A rank contributes to a parameter when it pushes at least one element.
 bool contributes(const ParameterLayout& l, int rank) {
   return rank >= 0 && rank < static_cast<int>(l.ranks.size()) && !l.ranks[rank].push.empty();
+}
+
+// The union of every rank's `field` ranges, merged, ascending.
+std::vector<Range> covered(const ParameterLayout& l, std::vector<Range> RankRanges::*field) {
+  std::vector<Range> all;
+  for (const auto& r : l.ranks) all.insert(all.end(), (r.*field).begin(), (r.*field).end());
+  std::sort(all.begin(), all.end(),
+            [](const Range& a, const Range& b) { return a.begin < b.begin; });
+  std::vector<Range> out;
+  for (const auto& r : all) {
+    if (!out.empty() && r.begin <= out.back().end) {
+      out.back().end = std::max(out.back().end, r.end);
+    } else {
+      out.push_back(r);
+    }
+  }
+  return out;
 }
 
 std::vector<Range> sorted(std::vector<Range> r) {
@@ -97,10 +119,70 @@ Engine::Engine(asio::io_context& io, ServerConfig config, std::unique_ptr<Backen
       restored_.emplace(std::move(name), std::move(e));
     }
   }
+  if (!config_.plan_path.empty()) {
+    if (config_.server_id < 0) {
+      throw InvalidArgument("--plan needs --server-id (this server's id in the plan)");
+    }
+    routes_.emplace(PoolRoutes::from_file(config_.plan_path, config_.server_id));
+    if (routes_->relayed() > 0 &&
+        static_cast<int>(config_.pool_servers.size()) != routes_->servers()) {
+      throw InvalidArgument(
+          "plan '" + config_.plan_path + "' has server " + std::to_string(config_.server_id) +
+          " relay " + std::to_string(routes_->relayed()) +
+          " parameter(s) to their owners: --pool-servers must list the " +
+          std::to_string(routes_->servers()) + " servers of the plan in id order, got " +
+          std::to_string(config_.pool_servers.size()));
+    }
+    log()->info("plan {}: server {} of {}, {} compute ranks, relays {} parameter(s)",
+                config_.plan_path, config_.server_id, routes_->servers(), routes_->world_size(),
+                routes_->relayed());
+  }
 }
 
 Engine::~Engine() {
+  relay_.reset();  // its last outcomes are posted to an io_context nobody runs any more
   scheduler_.stop();
+}
+
+Relay& Engine::relay() {
+  if (!relay_) {
+    RelayConfig rc;
+    rc.pool = config_.pool_servers;
+    rc.server_id = config_.server_id;
+    rc.world_size = routes_->world_size();
+    // An owner on another host is reached over NCCL from a GPU server, else over shared memory
+    // (the same host; a CPU pool across hosts has no data plane between them).
+    rc.remote_plane = device_ ? transport::DataPlane::nccl : transport::DataPlane::shm;
+    rc.auth_token = config_.auth_token;
+    rc.op_timeout = std::max(config_.step_timeout * 4, std::chrono::milliseconds(120000));
+    relay_ = std::make_unique<Relay>(
+        std::move(rc), [this, alive = std::weak_ptr<bool>(alive_)](std::function<void()> fn) {
+          asio::post(io_, [alive, fn = std::move(fn)] {
+            if (alive.lock()) fn();
+          });
+        });
+  }
+  return *relay_;
+}
+
+std::string Engine::rank_name(int rank) const {
+  if (world_size_ > 0 && rank >= world_size_) {
+    return "relay server " + std::to_string(rank - world_size_);
+  }
+  return "rank " + std::to_string(rank);
+}
+
+std::vector<int> Engine::registrants(const std::string& name, int* relay_owner) const {
+  *relay_owner = -1;
+  if (routes_) {
+    if (auto route = routes_->route(name)) {
+      if (route->relayed) *relay_owner = route->owner;
+      return route->registrants;
+    }
+  }
+  std::vector<int> all(static_cast<size_t>(world_size_));
+  for (int r = 0; r < world_size_; ++r) all[static_cast<size_t>(r)] = r;
+  return all;
 }
 
 size_t Engine::pre_hello_tcp_sessions() const {
@@ -123,13 +205,15 @@ Engine::SessionPtr Engine::session_of(int rank) const {
 }
 
 bool Engine::any_computing() const {
-  return std::any_of(params_.begin(), params_.end(),
-                     [](const auto& kv) { return kv.second.computing; });
+  // Relayed steps hold no momentum here: snapshots and shutdown need not wait for them.
+  return std::any_of(params_.begin(), params_.end(), [](const auto& kv) {
+    return kv.second.computing && kv.second.relay_owner < 0;
+  });
 }
 
 void Engine::broadcast(const Param& p, const ErrorMsg& error, int except_rank) {
   if (!p.layout) return;
-  for (int r = 0; r < static_cast<int>(p.layout->ranks.size()); ++r) {
+  for (int r : p.layout->registrants) {
     if (r == except_rank) continue;
     if (auto s = session_of(r)) s->send_error(error);
   }
@@ -305,6 +389,12 @@ void Engine::on_hello(const SessionPtr& s, const Frame& f) {
     s->close("unauthorized");
     return;
   }
+  if (routes_ && m.world_size != routes_->world_size()) {
+    throw transport::ProtocolError("world size mismatch: the plan (" + routes_->source() +
+                                   ") has " + std::to_string(routes_->world_size()) +
+                                   " compute ranks, rank " + std::to_string(m.rank) + " says " +
+                                   std::to_string(m.world_size));
+  }
   if (world_size_ != 0 && m.world_size != world_size_) {
     throw transport::ProtocolError(
         "world size mismatch: this server serves a job of " + std::to_string(world_size_) +
@@ -328,8 +418,8 @@ void Engine::on_hello(const SessionPtr& s, const Frame& f) {
   ok.tx_slots = config_.layout.tx_slots;
   ok.rx_slots = config_.layout.rx_slots;
   ok.slot_bytes = config_.layout.slot_bytes;
-  log()->info("session {}: rank {}/{} connected ({}, data plane {})", s->id(), m.rank, m.world_size,
-              m.client, transport::data_plane_name(ok.data_plane));
+  log()->info("session {}: {} of {} connected ({}, data plane {})", s->id(), rank_name(m.rank),
+              m.world_size, m.client, transport::data_plane_name(ok.data_plane));
   s->send(MessageType::hello_ok, transport::encode(ok), f.request_id);
   for (auto& [name, p] : params_) {
     if (p.layout && !p.waiting.empty()) release_reregistrations(p);
@@ -348,6 +438,12 @@ void Engine::on_register(const SessionPtr& s, const Frame& f) {
   if (it != params_.end() && it->second.layout) {
     // Re-registration (a client that reconnected): must match what the job registered.
     Param& p = it->second;
+    const auto& reg = p.layout->registrants;
+    if (!std::binary_search(reg.begin(), reg.end(), s->rank)) {
+      throw InvalidArgument("parameter '" + m.name + "' is registered here without " +
+                            rank_name(s->rank) + " (registrants " + ranks_text(reg, world_size_) +
+                            ")");
+    }
     const auto& mine = p.layout->ranks.at(s->rank);
     if (!same_spec(spec, p.layout->spec) || !same_ranges(sorted(m.push), mine.push) ||
         !same_ranges(sorted(m.want), mine.want)) {
@@ -365,7 +461,12 @@ void Engine::on_register(const SessionPtr& s, const Frame& f) {
   const bool fresh = it == params_.end();
   Param& p = params_[m.name];
   try {
-    if (!p.pending) p.pending.emplace(spec, world_size_);
+    if (!p.pending) {
+      int relay_owner = -1;
+      auto expected = registrants(m.name, &relay_owner);
+      p.pending.emplace(spec, std::move(expected));
+      p.relay_owner = relay_owner;
+    }
     const bool complete = p.pending->add(s->rank, spec, m.push, m.want);
     p.waiting.emplace_back(s, f.request_id);
     if (complete) {
@@ -385,7 +486,7 @@ void Engine::complete_registration(const std::string& name, Param& p) {
   if (p.timer) p.timer->cancel();
   p.timer.reset();
   try {
-    p.layout.emplace(p.pending->finish());
+    p.layout.emplace(p.pending->finish(/*partial=*/p.relay_owner >= 0));
   } catch (const InvalidArgument& e) {
     metrics_.error("bad_request");
     for (auto& [w, req] : waiting) {
@@ -396,6 +497,47 @@ void Engine::complete_registration(const std::string& name, Param& p) {
   }
   p.pending.reset();
   const auto& shape = p.layout->spec.shape;
+  if (p.relay_owner >= 0) {  // relayed: the owner keeps the momentum and answers for the job
+    if (device_) p.device = device_->make_param(shape.numel(), false);
+    transport::RegisterParam reg;
+    reg.name = name;
+    reg.shape = dims_of(shape);
+    reg.grad_dtype = p.layout->spec.grad_dtype;
+    reg.update_dtype = p.layout->spec.update_dtype;
+    reg.options = p.layout->spec.options;
+    // The domain's partial sum covers what its ranks push; it wants what they want.
+    reg.push = covered(*p.layout, &RankRanges::push);
+    reg.want = covered(*p.layout, &RankRanges::want);
+    p.waiting = std::move(waiting);
+    log()->info(
+        "parameter '{}' {} registered by ranks {} of this domain; registering it with its "
+        "owner, server {}",
+        name, shape.str(), ranks_text(p.layout->registrants, world_size_), p.relay_owner);
+    relay().register_param(
+        p.relay_owner, std::move(reg),
+        [this, name](std::optional<ErrorMsg> error, transport::RegisterOk ok) {
+          auto it = params_.find(name);
+          if (it == params_.end() || !it->second.layout) return;
+          Param& q = it->second;
+          if (error) {
+            log()->warn("parameter '{}': the owner refused the relay's registration: {}", name,
+                        error->message);
+            metrics_.error(error->code);
+            for (auto& [w, req] : q.waiting) {
+              if (auto ws = w.lock()) ws->send_error(*error, req);
+            }
+            params_.erase(it);
+            return;
+          }
+          q.last_step = ok.last_step;
+          answer_registration(q);
+        },
+        // A domain that pushes nothing gets the owner's updates unasked.
+        p.layout->contributors == 0 ? std::function<void(RelayStep)>(
+                                          [this](RelayStep st) { finish_relayed(std::move(st)); })
+                                    : std::function<void(RelayStep)>());
+    return;
+  }
   p.momentum.assign(static_cast<size_t>(shape.numel()), 0.0f);
   if (auto r = restored_.find(name); r != restored_.end()) {
     const auto rs = matrix_shape_from_dims(r->second.shape, name);
@@ -414,18 +556,13 @@ void Engine::complete_registration(const std::string& name, Param& p) {
       device_->write_momentum(*p.device, 0, p.momentum.data(), shape.numel());
     }
   }
-  log()->info("parameter '{}' {} registered by {} ranks, {} contributor(s) per element", name,
-              shape.str(), p.layout->ranks.size(), p.layout->contributors);
-  const transport::RegisterOk ok{name, p.layout->contributors, p.last_step};
-  for (auto& [w, req] : waiting) {
-    if (auto ws = w.lock()) ws->send(MessageType::register_ok, transport::encode(ok), req);
-  }
+  log()->info("parameter '{}' {} registered by ranks {}, {} contributor(s) per element", name,
+              shape.str(), ranks_text(p.layout->registrants, world_size_), p.layout->contributors);
+  p.waiting = std::move(waiting);
+  answer_registration(p);
 }
 
-void Engine::release_reregistrations(Param& p) {
-  for (int r = 0; r < static_cast<int>(p.layout->ranks.size()); ++r) {
-    if (!session_of(r)) return;
-  }
+void Engine::answer_registration(Param& p) {
   const transport::RegisterOk ok{p.layout->spec.name, p.layout->contributors, p.last_step};
   auto waiting = std::move(p.waiting);
   p.waiting.clear();
@@ -434,14 +571,22 @@ void Engine::release_reregistrations(Param& p) {
   }
 }
 
+void Engine::release_reregistrations(Param& p) {
+  for (int r : p.layout->registrants) {
+    if (!session_of(r)) return;
+  }
+  answer_registration(p);
+}
+
 Engine::Param& Engine::registered_param(const std::string& name, const SessionPtr& s) {
   auto it = params_.find(name);
   if (it == params_.end() || !it->second.layout) {
     throw InvalidArgument("unknown parameter '" + name + "' (not registered by every rank)");
   }
-  if (s->rank >= static_cast<int>(it->second.layout->ranks.size())) {
-    throw InvalidArgument("rank " + std::to_string(s->rank) + " is not part of parameter '" + name +
-                          "'");
+  const auto& reg = it->second.layout->registrants;
+  if (!std::binary_search(reg.begin(), reg.end(), s->rank)) {
+    throw InvalidArgument(rank_name(s->rank) + " is not part of parameter '" + name +
+                          "' on this server (registrants " + ranks_text(reg, world_size_) + ")");
   }
   return it->second;
 }
@@ -449,6 +594,16 @@ Engine::Param& Engine::registered_param(const std::string& name, const SessionPt
 void Engine::load_momentum(const transport::Push& m, Param& p, std::span<const float> values) {
   if (p.computing || p.reducer) {
     throw InvalidArgument("cannot load the momentum of '" + m.name + "' while step is in progress");
+  }
+  if (p.relay_owner >= 0) {  // the owner keeps it: forwarded, in order with the steps
+    p.last_step = m.step;
+    relay().forward_momentum(p.relay_owner, m.name, m.step, m.offset,
+                             {values.begin(), values.end()}, [this, name = m.name](ErrorMsg error) {
+                               auto it = params_.find(name);
+                               if (it != params_.end()) broadcast(it->second, error);
+                               metrics_.error(error.code);
+                             });
+    return;
   }
   if (p.device && p.layout->spec.options.momentum.convention != MomentumConvention::none) {
     device_->write_momentum(*p.device, m.offset, values.data(), m.count);
@@ -633,6 +788,29 @@ void Engine::start_compute(const std::string& name, Param& p) {
   job.step = p.reducer->step();
   job.shape = p.layout->spec.shape;
   job.options = p.layout->spec.options;
+  if (p.relay_owner >= 0) {  // the domain's partial sum goes to the owner
+    RelayStep step;
+    step.name = name;
+    step.step = job.step;
+    step.owner = p.relay_owner;
+    step.grad_dtype = p.layout->spec.grad_dtype;
+    step.update_dtype = p.layout->spec.update_dtype;
+    step.numel = job.shape.numel();
+    step.grad = std::move(p.grad);
+    step.grad.resize(static_cast<size_t>(step.numel));
+    if (p.device) {
+      device_->reduce(*p.reducer, *p.device);
+      device_->read_grad(*p.device, step.grad.data());
+    } else {
+      p.reducer->reduce(step.grad.data());
+    }
+    step.push = covered(*p.layout, &RankRanges::push);
+    step.want = covered(*p.layout, &RankRanges::want);
+    p.reducer = nullptr;
+    p.computing = true;
+    relay().forward(std::move(step), [this](RelayStep done) { finish_relayed(std::move(done)); });
+    return;
+  }
   if (p.device) {  // GPU data plane: reduced on the receive stream, stepped on the device
     device_->reduce(*p.reducer, *p.device);
     job.device = p.device.get();
@@ -650,6 +828,50 @@ void Engine::start_compute(const std::string& name, Param& p) {
   ++p.updates_started;
   p.computing = true;
   scheduler_.submit(std::move(job));
+}
+
+void Engine::finish_relayed(RelayStep step) {
+  auto it = params_.find(step.name);
+  if (it == params_.end()) return;
+  Param& p = it->second;
+  p.computing = false;
+  p.grad = std::move(step.grad);
+  if (step.error) {
+    // The owner consumed a refused step (non-finite, backend) as its own; a dropped one (a lost
+    // peer, a timeout) may be retried.
+    if (step.error->code == "non_finite" || step.error->code == "backend") p.last_step = step.step;
+    log()->warn("parameter '{}' step {}: {}", step.name, step.step, step.error->message);
+    metrics_.error(step.error->code);
+    metrics_.step_done("refused");
+    broadcast(p, *step.error);
+    after_steps();
+    return;
+  }
+  p.last_step = step.step;
+  NsJob job;
+  job.name = step.name;
+  job.step = step.step;
+  job.shape = p.layout->spec.shape;
+  job.applied = step.applied;
+  job.update = std::move(step.update);
+  try {
+    if (!step.want.empty()) {
+      if (p.device) device_->write_update(*p.device, job.update.data());
+      send_update(job.name, p, job);
+    }
+  } catch (const std::exception& e) {
+    log()->error("parameter '{}' step {}: returning the relayed update failed: {}", job.name,
+                 job.step, e.what());
+    metrics_.error("backend");
+    broadcast(p, {"backend",
+                  "returning the update of '" + job.name + "' step " + std::to_string(job.step) +
+                      " failed: " + e.what(),
+                  job.name, job.step, -1});
+  }
+  metrics_.step_done(job.applied ? "applied" : "skipped");
+  if (!step.unasked) metrics_.step_latency(seconds_since(p.step_started));
+  p.update = std::move(job.update);
+  after_steps();
 }
 
 void Engine::finish_jobs(std::vector<NsJob> jobs) {
@@ -685,6 +907,10 @@ void Engine::finish_jobs(std::vector<NsJob> jobs) {
     p.grad = std::move(job.grad);
     p.update = std::move(job.update);
   }
+  after_steps();
+}
+
+void Engine::after_steps() {
   if (!any_computing()) {
     auto waiters = std::move(snapshot_waiters_);
     snapshot_waiters_.clear();
@@ -775,7 +1001,8 @@ void Engine::arm_timer(const std::string& name, Param& p) {
     if (q.pending) {
       const auto missing = q.pending->missing_ranks();
       const std::string msg = "registration of '" + name + "' incomplete after " + ms +
-                              " ms: ranks " + ranks_text(missing) + " have not registered it";
+                              " ms: ranks " + ranks_text(missing, world_size_) +
+                              " have not registered it";
       log()->warn("{}", msg);
       metrics_.error("timeout");
       for (auto& [w, req] : q.waiting) {
@@ -788,7 +1015,7 @@ void Engine::arm_timer(const std::string& name, Param& p) {
       drop_step(name, q,
                 {"timeout",
                  "parameter '" + name + "' step " + std::to_string(step) + ": ranks " +
-                     ranks_text(missing) + " did not commit within " + ms +
+                     ranks_text(missing, world_size_) + " did not commit within " + ms +
                      " ms; partial step dropped, momentum untouched",
                  name, step, missing.empty() ? -1 : missing.front()},
                 -1);
@@ -814,10 +1041,9 @@ void Engine::on_closed(const SessionPtr& s, const std::string& why) {
     auto it = ranks_.find(rank);
     if (it != ranks_.end() && it->second.lock() == s) ranks_.erase(it);
   }
-  log()->info("session {} (rank {}) closed: {}", s->id(), rank, why);
+  log()->info("session {} ({}) closed: {}", s->id(), rank_name(rank), why);
   if (rank >= 0 && why != "goodbye" && !stopping_) {
-    lost_ranks_[rank] =
-        "rank " + std::to_string(rank) + " (" + s->client_name + ") was lost (" + why + ")";
+    lost_ranks_[rank] = rank_name(rank) + " (" + s->client_name + ") was lost (" + why + ")";
   }
   for (auto& [name, p] : params_) {
     std::erase_if(p.waiting, [&](const auto& w) {
@@ -832,7 +1058,7 @@ void Engine::on_closed(const SessionPtr& s, const std::string& why) {
     drop_step(
         name, p,
         {"peer_lost",
-         "rank " + std::to_string(rank) + " (" + s->client_name + ") " +
+         rank_name(rank) + " (" + s->client_name + ") " +
              (why == "goodbye" ? "left (goodbye)" : "was lost (" + why + ")") + " during step " +
              std::to_string(step) + " of '" + name + "'; partial step dropped, momentum untouched",
          name, step, rank},
@@ -853,7 +1079,7 @@ const std::vector<float>& Engine::host_momentum(Param& p) {
 void Engine::write_snapshot_now(const std::string& path) {
   std::vector<SnapshotEntry> entries;
   for (auto& [name, p] : params_) {
-    if (!p.layout) continue;
+    if (!p.layout || p.relay_owner >= 0) continue;  // a relayed momentum is its owner's
     entries.push_back({name, dims_of(p.layout->spec.shape), p.last_step, p.layout->spec.options,
                        host_momentum(p)});
   }
@@ -899,16 +1125,36 @@ void Engine::on_state_fetch(const SessionPtr& s, const Frame& f) {
     return;
   }
   Param& p = *pp;
-  const auto& momentum = host_momentum(p);
   const int64_t n = p.layout->spec.shape.numel();
+  if (p.relay_owner >= 0) {  // the owner's momentum, fetched through the relay
+    relay().fetch_momentum(
+        p.relay_owner, m.name, n,
+        [this, w = std::weak_ptr<Session>(s), name = m.name, request = f.request_id](
+            std::vector<float> values, int64_t last, std::optional<ErrorMsg> error) {
+          auto ws = w.lock();
+          if (!ws || ws->closed()) return;
+          if (error) {
+            error->param = name;
+            reply_error(ws, *error, request);
+            return;
+          }
+          send_momentum(ws, name, last, values.data(), static_cast<int64_t>(values.size()));
+        });
+    return;
+  }
+  send_momentum(s, m.name, p.last_step, host_momentum(p).data(), n);
+}
+
+void Engine::send_momentum(const SessionPtr& s, const std::string& name, int64_t last_step,
+                           const float* momentum, int64_t n) {
   const int64_t per_chunk = static_cast<int64_t>(config_.layout.slot_bytes / 4);
   for (int64_t off = 0; off < n; off += per_chunk) {
     const int64_t count = std::min(per_chunk, n - off);
     std::vector<std::byte> data(static_cast<size_t>(count) * 4);
-    std::memcpy(data.data(), momentum.data() + off, data.size());
+    std::memcpy(data.data(), momentum + off, data.size());
     transport::Update u;
-    u.name = m.name;
-    u.step = p.last_step;
+    u.name = name;
+    u.step = last_step;
     u.offset = off;
     u.count = count;
     u.kind = transport::ChunkKind::momentum;
@@ -956,6 +1202,8 @@ std::string Engine::status_json() const {
     if (p.layout) {
       e["shape"] = p.layout->spec.shape.str();
       e["contributors"] = p.layout->contributors;
+      e["registrants"] = p.layout->registrants;
+      if (p.relay_owner >= 0) e["relayed_to"] = p.relay_owner;  // its owner's server id
     } else if (p.pending) {
       e["missing_ranks"] = p.pending->missing_ranks();  // ranks that have not registered it
     }

@@ -22,7 +22,9 @@
 
 #include "daemon/device_plane.hpp"
 #include "daemon/metrics.hpp"
+#include "daemon/pool_routes.hpp"
 #include "daemon/registration.hpp"
+#include "daemon/relay.hpp"
 #include "daemon/scheduler.hpp"
 #include "daemon/server_config.hpp"
 #include "daemon/session.hpp"
@@ -36,7 +38,9 @@ class Engine {
   using SessionPtr = std::shared_ptr<Session>;
 
   /// Restores momentum from config.restore_path when set (throws muon::InvalidArgument for a
-  /// bad snapshot). `backend` runs on the worker thread.
+  /// bad snapshot) and reads config.plan_path when set (InvalidArgument for a bad plan, a
+  /// server id it lacks, or pool_servers that do not list its servers while it has this server
+  /// relay parameters). `backend` runs on the worker thread.
   Engine(boost::asio::io_context& io, ServerConfig config, std::unique_ptr<Backend> backend);
   ~Engine();
 
@@ -87,6 +91,10 @@ class Engine {
     /// GPU data plane: momentum, gradient and update on the device (`momentum` above is then a
     /// host copy, refreshed for snapshots and state fetches); null on the host path.
     DeviceParamPtr device;
+    /// The owner's server id when this server relays the parameter for its domain (the plan's
+    /// route): the step's partial sum goes to the owner and its update comes back (no momentum
+    /// here); -1 when this server owns it.
+    int relay_owner = -1;
   };
 
   void on_hello(const SessionPtr& s, const transport::Frame& f);
@@ -117,8 +125,24 @@ class Engine {
   Param& registered_param(const std::string& name, const SessionPtr& s);
   void complete_registration(const std::string& name, Param& p);
   void release_reregistrations(Param& p);
+  /// Sends register_ok (contributors, last applied step) to every rank waiting for it.
+  void answer_registration(Param& p);
+  /// The registrants of `name` here: the plan's route, else every rank of the job. Sets
+  /// *relay_owner to the owner's id when this server relays it (-1 otherwise).
+  std::vector<int> registrants(const std::string& name, int* relay_owner) const;
   void start_compute(const std::string& name, Param& p);
+  /// A relayed step came back from the owner (update or error): returns it to the domain's ranks.
+  void finish_relayed(RelayStep step);
   void finish_jobs(std::vector<NsJob> jobs);
+  /// After steps finished: answers snapshot requests that waited for them, and a shutdown.
+  void after_steps();
+  /// The relay toward owners (made on first use).
+  Relay& relay();
+  /// Sends `n` fp32 momentum values (last applied step `last_step`) to `s` as state_fetch data.
+  void send_momentum(const SessionPtr& s, const std::string& name, int64_t last_step,
+                     const float* values, int64_t n);
+  /// "rank 3", or "relay server 1" for a relay's rank.
+  std::string rank_name(int rank) const;
   void send_update(const std::string& name, Param& p, NsJob& job);
   void drop_step(const std::string& name, Param& p, const transport::ErrorMsg& error,
                  int except_rank);
@@ -154,6 +178,8 @@ class Engine {
   /// Expires with the Engine: callbacks of threads that may outlive it check it first.
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
   std::function<void()> shutdown_done_;
+  std::optional<PoolRoutes> routes_;  // the plan's routes (config_.plan_path)
+  std::unique_ptr<Relay> relay_;      // toward the owners of relayed parameters
 };
 
 }  // namespace muon::daemon

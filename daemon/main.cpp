@@ -71,6 +71,16 @@ int main(int argc, char** argv) {
   app.add_option("--auth-token-file", config.auth_token_file,
                  "Shared secret TCP clients must send in their hello (a file only its owner can "
                  "read)");
+  app.add_option("--plan", config.plan_path,
+                 "The job's plan (muon-offload plan --json): parameters it names are registered "
+                 "by the ranks it routes here; those this server relays for its domain go to "
+                 "their owner. Needs --server-id");
+  app.add_option("--server-id", config.server_id, "This server's id in --plan")
+      ->check(CLI::Range(0, (1 << 16) - 1));
+  app.add_option("--pool-servers", config.pool_servers,
+                 "Every server of the plan in id order (socket paths or tcp://HOST:PORT, comma "
+                 "separated): where relayed parameters' owners are reached")
+      ->delimiter(',');
   app.add_flag("--allow-other-users", config.allow_other_users,
                "Accept clients of other uids (default: only this uid)");
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")

@@ -30,11 +30,14 @@ struct RankRanges {
   std::vector<Range> want;
 };
 
-/// A parameter whose registration is complete (every rank of the job registered it).
+/// A parameter whose registration is complete (every expected registrant registered it).
 struct ParameterLayout {
   ParameterSpec spec;
-  std::vector<RankRanges> ranks;  ///< indexed by rank, 0..world_size-1
-  int contributors = 0;           ///< contributions summed into every element (uniform, >= 1)
+  /// Indexed by rank id, up to the largest registrant; ids that are not registrants (ranks a
+  /// plan routes to another server) have empty ranges.
+  std::vector<RankRanges> ranks;
+  std::vector<int> registrants;  ///< the ranks that registered it here, ascending
+  int contributors = 0;          ///< contributions summed into every element (uniform, >= 1)
 };
 
 /// True when two specs describe the same parameter (name, shape, dtypes and every option).

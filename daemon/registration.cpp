@@ -17,6 +17,12 @@ std::string range_str(int64_t begin, int64_t end) {
   return "[" + std::to_string(begin) + ", " + std::to_string(end) + ")";
 }
 
+std::string ranks_list(const std::vector<int>& ranks) {
+  std::string list;
+  for (int r : ranks) list += (list.empty() ? "" : ", ") + std::to_string(r);
+  return list;
+}
+
 std::string contributors_str(int count) {
   return std::to_string(count) + (count == 1 ? " contributor" : " contributors");
 }
@@ -44,13 +50,28 @@ void normalize_ranges(std::vector<Range>& ranges, int64_t numel, const std::stri
   }
 }
 
+std::vector<int> all_ranks(const std::string& name, int world_size) {
+  if (world_size < 1) {
+    throw InvalidArgument("parameter '" + name + "': world size must be >= 1, got " +
+                          std::to_string(world_size));
+  }
+  std::vector<int> out(static_cast<size_t>(world_size));
+  for (int r = 0; r < world_size; ++r) out[static_cast<size_t>(r)] = r;
+  return out;
+}
+
 }  // namespace
 
 PendingRegistration::PendingRegistration(ParameterSpec spec, int world_size)
-    : spec_(std::move(spec)), world_size_(world_size) {
+    : PendingRegistration(spec, all_ranks(spec.name, world_size)) {}
+
+PendingRegistration::PendingRegistration(ParameterSpec spec, std::vector<int> registrants)
+    : spec_(std::move(spec)), registrants_(std::move(registrants)) {
   const std::string who = "parameter '" + spec_.name + "'";
-  if (world_size < 1) {
-    throw InvalidArgument(who + ": world size must be >= 1, got " + std::to_string(world_size));
+  std::sort(registrants_.begin(), registrants_.end());
+  registrants_.erase(std::unique(registrants_.begin(), registrants_.end()), registrants_.end());
+  if (registrants_.empty() || registrants_.front() < 0) {
+    throw InvalidArgument(who + ": registrants must be a non-empty list of rank ids >= 0");
   }
   const auto& s = spec_.shape;
   if (s.batch > 0 && s.rows > 0 && s.cols > 0 &&
@@ -58,14 +79,21 @@ PendingRegistration::PendingRegistration(ParameterSpec spec, int world_size)
     throw InvalidArgument(who + ": shape " + s.str() + " has more than 2^40 elements");
   }
   validate(spec_.options, spec_.shape, spec_.name);  // names the matrix in its message
-  ranks_.resize(static_cast<size_t>(world_size));
+  ranks_.resize(registrants_.size());
+}
+
+int PendingRegistration::slot_of(int rank) const {
+  const auto it = std::lower_bound(registrants_.begin(), registrants_.end(), rank);
+  return it != registrants_.end() && *it == rank ? static_cast<int>(it - registrants_.begin()) : -1;
 }
 
 bool PendingRegistration::add(int rank, const ParameterSpec& spec, std::vector<Range> push,
                               std::vector<Range> want) {
   const std::string who = "parameter '" + spec_.name + "' rank " + std::to_string(rank);
-  if (rank < 0 || rank >= world_size_) {
-    throw InvalidArgument(who + ": rank outside [0, " + std::to_string(world_size_) + ")");
+  const int slot = slot_of(rank);
+  if (slot < 0) {
+    throw InvalidArgument(who + ": not expected to register it on this server (registrants: " +
+                          ranks_list(registrants_) + ")");
   }
   if (!same_spec(spec, spec_)) {
     std::string field = "options";
@@ -85,25 +113,23 @@ bool PendingRegistration::add(int rank, const ParameterSpec& spec, std::vector<R
   // Everything is checked on the local copies first: a throw leaves the state as it was.
   normalize_ranges(push, numel, who, "push");
   normalize_ranges(want, numel, who, "want");
-  ranks_[static_cast<size_t>(rank)] = RankRanges{rank, std::move(push), std::move(want)};
+  ranks_[static_cast<size_t>(slot)] = RankRanges{rank, std::move(push), std::move(want)};
   return missing_ranks().empty();
 }
 
 std::vector<int> PendingRegistration::missing_ranks() const {
   std::vector<int> out;
-  for (int r = 0; r < world_size_; ++r) {
-    if (!ranks_[static_cast<size_t>(r)]) out.push_back(r);
+  for (size_t i = 0; i < registrants_.size(); ++i) {
+    if (!ranks_[i]) out.push_back(registrants_[i]);
   }
   return out;
 }
 
-ParameterLayout PendingRegistration::finish() const {
+ParameterLayout PendingRegistration::finish(bool partial) const {
   const std::string who = "parameter '" + spec_.name + "'";
   const auto missing = missing_ranks();
   if (!missing.empty()) {
-    std::string list;
-    for (int r : missing) list += (list.empty() ? "" : ", ") + std::to_string(r);
-    throw InvalidArgument(who + ": registration incomplete, missing ranks " + list);
+    throw InvalidArgument(who + ": registration incomplete, missing ranks " + ranks_list(missing));
   }
   // Sweep over the boundaries of every rank's push ranges: between two consecutive boundaries
   // the contributor count is constant. Collapse equal-count neighbours into segments.
@@ -134,6 +160,8 @@ ParameterLayout PendingRegistration::finish() const {
     }
     pos = next;
   }
+  if (partial) std::erase_if(segments, [](const Segment& s) { return s.count == 0; });
+
   for (const auto& s : segments) {
     if (s.count == 0) {
       throw InvalidArgument(who + ": elements " + range_str(s.begin, s.end) +
@@ -151,8 +179,12 @@ ParameterLayout PendingRegistration::finish() const {
   }
   ParameterLayout layout;
   layout.spec = spec_;
-  for (const auto& r : ranks_) layout.ranks.push_back(*r);
-  layout.contributors = segments.front().count;
+  // Indexed by rank id; ids between the registrants (ranks routed elsewhere) stay empty.
+  layout.ranks.resize(static_cast<size_t>(registrants_.back()) + 1);
+  for (size_t i = 0; i < layout.ranks.size(); ++i) layout.ranks[i].rank = static_cast<int>(i);
+  for (const auto& r : ranks_) layout.ranks[static_cast<size_t>(r->rank)] = *r;
+  layout.registrants = registrants_;
+  layout.contributors = segments.empty() ? 0 : segments.front().count;
   return layout;
 }
 

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "daemon/socket_path.hpp"
 #include "transport/shm_segment.hpp"
@@ -54,6 +55,15 @@ struct ServerConfig {
   uint16_t metrics_port = 0;
   /// Address the metrics endpoint binds to (loopback by default: the metrics name parameters).
   std::string metrics_address = "127.0.0.1";
+  /// The job's plan (`muon-offload plan` JSON) and this server's id in it: parameters the plan
+  /// names are registered by the ranks it routes here (daemon/pool_routes.hpp), and those this
+  /// server relays for its domain are forwarded to their owner (daemon/relay.hpp). Empty: every
+  /// rank registers every parameter it pushes here, and nothing is relayed.
+  std::string plan_path;
+  int server_id = -1;
+  /// Endpoints of every server of the plan in id order (Unix socket paths, tcp://HOST:PORT):
+  /// where a relay finds the owners. Needed when the plan has this server relay parameters.
+  std::vector<std::string> pool_servers;
   /// Numeric health: measure every Nth update of each parameter (the 1st, N+1th, ...); 0: off.
   int64_t health_sample_every = 0;
   /// Warn when a sampled orthogonality error exceeds this; unset: per schedule, the largest

@@ -251,6 +251,7 @@ std::string encode(const Hello& m) {
   json j{{"rank", m.rank}, {"world_size", m.world_size}, {"client", m.client}};
   if (m.data_plane != DataPlane::shm) j["data_plane"] = data_plane_name(m.data_plane);
   if (!m.token.empty()) j["token"] = m.token;
+  if (m.relay_server >= 0) j["relay_server"] = m.relay_server;
   return j.dump();
 }
 std::string encode(const HelloOk& m) {
@@ -334,7 +335,13 @@ Hello decode<Hello>(const std::string& p) {
   Reader r(p, "hello");
   Hello m;
   m.world_size = static_cast<int>(r.i64("world_size", 1, 1 << 20));
-  m.rank = static_cast<int>(r.i64("rank", 0, m.world_size - 1));
+  if (r.has("relay_server")) {
+    m.relay_server = static_cast<int>(r.i64("relay_server", 0, kMaxRelayServers - 1));
+    const int64_t want = relay_rank(m.world_size, m.relay_server);
+    m.rank = static_cast<int>(r.i64("rank", want, want));
+  } else {
+    m.rank = static_cast<int>(r.i64("rank", 0, m.world_size - 1));
+  }
   m.client = r.str_or("client", "");
   if (r.has("data_plane")) m.data_plane = r.parse_name("data_plane", parse_data_plane);
   m.token = r.has("token") ? r.str("token", 256) : "";

@@ -71,8 +71,17 @@ DataPlane parse_data_plane(const std::string& name);
 /// What a data-plane chunk carries.
 enum class ChunkKind : uint8_t { gradient, momentum };
 
+/// Relay sessions: a server that relays a domain's partial sums to their owner (daemon/relay.hpp)
+/// says hello as rank relay_rank(world_size, its plan id), above every compute rank, so that
+/// the owner sums it after the compute ranks that push to it directly, in server-id order.
+inline int relay_rank(int world_size, int server_id) {
+  return world_size + server_id;
+}
+/// Plan server ids a relay may have (hello.relay_server).
+constexpr int kMaxRelayServers = 1 << 16;
+
 struct Hello {
-  int rank = 0;        ///< this compute rank, 0 <= rank < world_size
+  int rank = 0;        ///< this compute rank, 0 <= rank < world_size; a relay: relay_rank(...)
   int world_size = 1;  ///< compute ranks of the job that talk to this server
   std::string client;  ///< free text for logs ("trainer pid 1234")
   /// The data plane the client asks for (optional on the wire: absent = shm). A server that
@@ -81,6 +90,10 @@ struct Hello {
   /// The server's shared secret (--auth-token-file), required on a TCP control connection
   /// (optional on the wire; ignored on a Unix socket, where peer credentials are checked).
   std::string token;
+  /// -1 for a compute rank. A relay server's plan id (0 <= id < kMaxRelayServers; optional on
+  /// the wire): the session is that server forwarding its domain's partial sums, and rank must
+  /// be relay_rank(world_size, relay_server).
+  int relay_server = -1;
 };
 
 struct HelloOk {

@@ -21,6 +21,7 @@
 
 #include "core/error.hpp"
 #include "daemon/parameter.hpp"
+#include "daemon/pool_routes.hpp"
 #include "daemon/registration.hpp"
 #include "daemon/scheduler.hpp"
 #include "daemon/snapshot.hpp"
@@ -202,6 +203,129 @@ TEST(Registration, UncoveredElementRefused) {
   reg.add(1, spec, {{9, 20}}, {});
   expect_throw_with<InvalidArgument>([&] { reg.finish(); },
                                      {"'w'", "elements [7, 9) have no contributor"});
+}
+
+TEST(Registration, ExplicitRegistrantsLeaveOtherRankIdsEmpty) {
+  // An owner's registrants under a plan: ranks 2 and 3 push directly, relay rank 9 (world 8 +
+  // server 1) forwards another domain's partial sum.
+  const auto spec = make_spec("w", {1, 4, 4});
+  PendingRegistration reg(spec, std::vector<int>{9, 3, 2, 3});
+  EXPECT_EQ(reg.registrants(), (std::vector<int>{2, 3, 9}));
+  expect_throw_with<InvalidArgument>(
+      [&] {
+        reg.add(0, spec, {{0, 16}}, {});
+      },
+      {"'w'", "rank 0", "not expected to register", "registrants: 2, 3, 9"});
+  EXPECT_FALSE(reg.add(9, spec, {{0, 16}}, {{0, 16}}));
+  EXPECT_FALSE(reg.add(2, spec, {{0, 8}}, {{0, 8}}));
+  EXPECT_EQ(reg.missing_ranks(), (std::vector<int>{3}));
+  EXPECT_TRUE(reg.add(3, spec, {{8, 16}}, {}));
+  const auto layout = reg.finish();
+  EXPECT_EQ(layout.contributors, 2);
+  EXPECT_EQ(layout.registrants, (std::vector<int>{2, 3, 9}));
+  ASSERT_EQ(layout.ranks.size(), 10u);
+  for (int r : {0, 1, 4, 5, 6, 7, 8}) {
+    EXPECT_EQ(layout.ranks[r].rank, r);
+    EXPECT_TRUE(layout.ranks[r].push.empty() && layout.ranks[r].want.empty()) << r;
+  }
+  EXPECT_EQ(layout.ranks[9].push[0].end, 16);
+  EXPECT_THROW(PendingRegistration(spec, std::vector<int>{}), InvalidArgument);
+  EXPECT_THROW(PendingRegistration(spec, std::vector<int>{-1, 2}), InvalidArgument);
+}
+
+TEST(Registration, PartialCoverageIsAllowedOnlyAtARelay) {
+  // A domain of ZeRO-sharded ranks covers its own rows only; its relay forwards those.
+  const auto spec = make_spec("w", {1, 4, 5});  // 20 elements
+  PendingRegistration reg(spec, std::vector<int>{2, 3});
+  reg.add(2, spec, {{10, 15}}, {{10, 15}});
+  EXPECT_TRUE(reg.add(3, spec, {{15, 20}}, {{15, 20}}));
+  expect_throw_with<InvalidArgument>([&] { reg.finish(); },
+                                     {"elements [0, 10) have no contributor"});
+  EXPECT_EQ(reg.finish(/*partial=*/true).contributors, 1);
+  // Covered elements still need one count.
+  reg.add(3, spec, {{12, 20}}, {});
+  expect_throw_with<InvalidArgument>(
+      [&] { reg.finish(true); },
+      {"elements [10, 12) have 1 contributor", "elements [12, 15) have 2 contributors"});
+  // A domain pushing nothing (it only wants the update) has no contributor at its relay; at an
+  // owner that is refused.
+  PendingRegistration none(spec, std::vector<int>{0});
+  none.add(0, spec, {}, {{0, 20}});
+  EXPECT_EQ(none.finish(true).contributors, 0);
+  expect_throw_with<InvalidArgument>([&] { none.finish(); },
+                                     {"elements [0, 20) have no contributor"});
+}
+
+// ---------------------------------------------------------------------------------------------
+// PoolRoutes
+
+namespace {
+
+// Three domains: 0 = ranks {0, 1} with servers 0 and 1, 1 = ranks {2, 3} with server 2, 2 =
+// ranks {4} and no server. "a" is owned by server 0; domain 1 relays through server 2; domain 2
+// pushes straight to the owner. "b" is owned by server 2; domain 0 relays through server 1.
+const char* kPlan = R"({
+  "servers": [{"id": 0}, {"id": 1}, {"id": 2}],
+  "domains": [{"id": 0, "servers": [0, 1], "compute_ranks": [0, 1]},
+              {"id": 1, "servers": [2], "compute_ranks": [2, 3]},
+              {"id": 2, "servers": [], "compute_ranks": [4]}],
+  "ranks": [{"rank": 0}, {"rank": 1}, {"rank": 2}, {"rank": 3}, {"rank": 4}],
+  "parameters": [{"name": "a", "owner": 0, "relays": [0, 2, null]},
+                 {"name": "b", "owner": 2, "relays": [1, 2, null]}]})";
+
+// kPlan with the first `from` replaced by `to`.
+std::string plan_with(const std::string& from, const std::string& to) {
+  const std::string plan = kPlan;
+  const size_t at = plan.find(from);
+  return plan.substr(0, at) + to + plan.substr(at + from.size());
+}
+
+}  // namespace
+
+TEST(PoolRoutes, OwnerExpectsDirectRanksThenRelaysAndARelayItsDomain) {
+  const PoolRoutes s0(kPlan, 0, "p"), s1(kPlan, 1, "p"), s2(kPlan, 2, "p");
+  EXPECT_EQ(s0.world_size(), 5);
+  EXPECT_EQ(s0.servers(), 3);
+  // a at its owner: domains 0 and 2 directly, domain 1 as relay rank 5 + 2.
+  const auto a0 = s0.route("a");
+  ASSERT_TRUE(a0);
+  EXPECT_FALSE(a0->relayed);
+  EXPECT_EQ(a0->registrants, (std::vector<int>{0, 1, 4, 7}));
+  // a at server 2: relays domain 1's ranks to owner 0.
+  const auto a2 = s2.route("a");
+  ASSERT_TRUE(a2);
+  EXPECT_TRUE(a2->relayed);
+  EXPECT_EQ(a2->owner, 0);
+  EXPECT_EQ(a2->registrants, (std::vector<int>{2, 3}));
+  // b: owner 2 gets its domain, rank 4, and relay server 1 (rank 6).
+  EXPECT_EQ(s2.route("b")->registrants, (std::vector<int>{2, 3, 4, 6}));
+  EXPECT_EQ(s1.route("b")->registrants, (std::vector<int>{0, 1}));
+  EXPECT_EQ(s1.route("b")->owner, 2);
+  EXPECT_EQ(s1.relayed(), 1);
+  EXPECT_EQ(s2.relayed(), 1);
+  EXPECT_EQ(s0.relayed(), 0);
+  // Not routed through server 1: a clear refusal naming the owner; unknown names: no route.
+  expect_throw_with<InvalidArgument>(
+      [&] { s1.route("a"); }, {"does not route parameter 'a'", "server 1", "owner is server 0"});
+  EXPECT_FALSE(s0.route("not.in.plan"));
+}
+
+TEST(PoolRoutes, MalformedPlansAreRefusedNamingTheField) {
+  expect_throw_with<InvalidArgument>([] { PoolRoutes("{", 0, "p"); }, {"plan 'p' is not JSON"});
+  expect_throw_with<InvalidArgument>([] { PoolRoutes(R"({"servers": []})", 0, "p"); },
+                                     {"'domains' must be an array"});
+  expect_throw_with<InvalidArgument>([] { PoolRoutes(kPlan, 3, "p"); }, {"there is no server 3"});
+  expect_throw_with<InvalidArgument>(
+      [] { PoolRoutes(plan_with("\"owner\": 0", "\"owner\": 9"), 0, "p"); },
+      {"parameters[0].owner must be an integer in [0, 3)"});
+  expect_throw_with<InvalidArgument>(
+      [] { PoolRoutes(plan_with("[0, 2, null]", "[0, 2]"), 0, "p"); },
+      {"relays has 2 entries for 3 domains"});
+  expect_throw_with<InvalidArgument>(
+      [] { PoolRoutes(plan_with("\"compute_ranks\": [4]", "\"compute_ranks\": [5]"), 0, "p"); },
+      {"compute_ranks[]"});
+  expect_throw_with<InvalidArgument>([] { PoolRoutes::from_file("/nonexistent/plan.json", 0); },
+                                     {"cannot read plan '/nonexistent/plan.json'"});
 }
 
 TEST(Registration, OverlapWithinRankRefusedAndStateKept) {

@@ -127,6 +127,25 @@ TEST(Messages, RegisterRoundTripKeepsEveryOption) {
   EXPECT_EQ(back.push[1].end, 300);
 }
 
+TEST(Messages, RelayHelloCarriesItsServerIdAndARankAboveTheComputeRanks) {
+  Hello h;
+  h.world_size = 8;
+  h.relay_server = 3;
+  h.rank = relay_rank(8, 3);
+  const auto back = decode<Hello>(encode(h));
+  EXPECT_EQ(back.relay_server, 3);
+  EXPECT_EQ(back.rank, 11);
+  EXPECT_EQ(decode<Hello>(encode(Hello{})).relay_server, -1);  // absent: a compute rank
+  EXPECT_EQ(encode(Hello{}).find("relay_server"), std::string::npos);
+  // A relay's rank is exactly world_size + its id; a compute rank stays below world_size.
+  expect_protocol_error([] { decode<Hello>(R"({"rank":3,"world_size":8,"relay_server":3})"); },
+                        "field 'rank' = 3 is outside [11, 11]");
+  expect_protocol_error([] { decode<Hello>(R"({"rank":8,"world_size":8,"relay_server":-1})"); },
+                        "field 'relay_server' = -1 is outside [0, 65535]");
+  expect_protocol_error([] { decode<Hello>(R"({"rank":11,"world_size":8})"); },
+                        "field 'rank' = 11 is outside [0, 7]");
+}
+
 TEST(Messages, EachBadFieldIsNamed) {
   expect_protocol_error([] { decode<Hello>("[1,2]"); }, "hello: payload must be a JSON object");
   expect_protocol_error([] { decode<Hello>(R"({"rank":0})"); }, "missing field 'world_size'");

@@ -361,7 +361,9 @@ class OffloadMuon(_MuonBase):
         servers: Unix socket paths of the job's servers (list or comma-separated string);
             default: environment ``MUON_OFFLOAD_SERVERS`` (set by scripts/muon-offload-launch).
             Parameters are spread over the servers by Newton-Schulz cost (``assign`` overrides:
-            ``{name: server index}``).
+            ``{name: server index}``); with a plan (``MUON_OFFLOAD_PLAN``, set by the launcher's
+            ``--plan``) each parameter it names goes to the server the plan gives this rank's
+            domain: its relay (``parameters[].relays``), else its owner.
         schedule, steps, scale, extra_scale, eps, momentum_convention, row_splits: the Muon
             options (see ``muon-offload schedules``); ``row_splits={name: [q, k, v]}``
             orthogonalizes row blocks of a fused QKV separately.
@@ -454,7 +456,6 @@ class OffloadMuon(_MuonBase):
         if grad_dtype not in _TORCH_DTYPE or update_dtype not in _TORCH_DTYPE:
             raise InvalidArgument("grad_dtype and update_dtype must be 'f32' or 'bf16'")
         self.servers = list(servers)
-        self._assign = dict(assign or {}) or _plan_owners(os.environ.get("MUON_OFFLOAD_PLAN"))
         self._grad_dtype, self._update_dtype = grad_dtype, update_dtype
         self._client: Optional[Client] = None
         self._pushed: Dict[torch.Tensor, int] = {}  # param -> step being gathered
@@ -472,6 +473,9 @@ class OffloadMuon(_MuonBase):
                          eps=eps, momentum_convention=momentum_convention, names=names,
                          route=route, row_splits=row_splits, mode=mode,
                          process_group=process_group, prefix=prefix)
+        # After the base class: it resolved the process group, which gives this rank's domain.
+        self._assign = dict(assign or {}) or _plan_targets(os.environ.get("MUON_OFFLOAD_PLAN"),
+                                                           _plan_rank(self._pg))
         cuda_params = [p for p in self._muon_params if p.is_cuda]
         # cuda_ipc opens the rings on the current device: the one the parameters live on.
         on_device = (torch.cuda.device(cuda_params[0].device) if cuda_params
@@ -825,12 +829,29 @@ class OffloadMuon(_MuonBase):
 
 # ---------------------------------------------------------------------------------------------
 
-def _plan_owners(path: Optional[str]) -> Dict[str, int]:
-    """Owner server (index into MUON_OFFLOAD_SERVERS) of each parameter named in a plan written
-    by `muon-offload plan` (``MUON_OFFLOAD_PLAN``, set by scripts/muon-offload-launch). Parameters
-    the plan does not name are placed by cost as without a plan. With
-    ``MUON_OFFLOAD_SERVERS_SCOPE=global`` (a plan spanning hosts) the servers are every server of
-    the plan in id order, so the owner's id is its index."""
+def _plan_rank(process_group=None) -> int:
+    """This process's rank among the plan's compute ranks: its torch.distributed (global) rank
+    when a process group is in use, else environment ``RANK`` (torchrun), else 0."""
+    if process_group is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    try:
+        return int(os.environ.get("RANK") or 0)
+    except ValueError:
+        raise InvalidArgument(f"environment RANK={os.environ['RANK']!r} is not an "
+                              "integer") from None
+
+
+def _plan_targets(path: Optional[str], rank: int = 0) -> Dict[str, int]:
+    """The server (index into MUON_OFFLOAD_SERVERS) this rank pushes each planned parameter to:
+    its domain's relay, or the owner. The plan is written by `muon-offload plan`
+    (``MUON_OFFLOAD_PLAN``, set by scripts/muon-offload-launch); the relay is
+    ``parameters[].relays[domain]``, ``domain`` being that of ``rank`` in the plan's ``ranks``;
+    the owner where that relay is null or the plan does not list the rank. A relay sums its
+    domain's contributions, forwards one partial sum to the owner and returns the owner's update
+    to its domain's ranks. Parameters the plan does not name are placed by cost as without a
+    plan. With ``MUON_OFFLOAD_SERVERS_SCOPE=global`` (a plan
+    spanning hosts) the servers are every server of the plan in id order, so a server's id is its
+    index; otherwise they are this node's servers in the plan's order."""
     if not path:
         return {}
     import json
@@ -839,9 +860,19 @@ def _plan_owners(path: Optional[str]) -> Dict[str, int]:
             plan = json.load(f)
     except (OSError, ValueError) as e:
         raise ValueError(f"MUON_OFFLOAD_PLAN '{path}': {e}") from None
+    domain = next((r.get("domain") for r in plan.get("ranks") or []
+                   if isinstance(r, dict) and r.get("rank") == rank), None)
+
+    def target(p):
+        relays = p.get("relays")
+        if (_is_index(domain) and isinstance(relays, list) and domain < len(relays)
+                and _is_index(relays[domain])):
+            return relays[domain]
+        return p.get("owner")
+
+    targets = {p["name"]: target(p) for p in plan.get("parameters", [])}
     if os.environ.get("MUON_OFFLOAD_SERVERS_SCOPE") == "global":
-        return {p["name"]: p["owner"] for p in plan.get("parameters", [])
-                if isinstance(p.get("owner"), int)}
+        return {name: t for name, t in targets.items() if _is_index(t)}
     # The launcher lists this node's servers in the plan's order: map global ids to that order.
     node_servers = {}
     for node in plan.get("nodes", []):
@@ -850,7 +881,11 @@ def _plan_owners(path: Optional[str]) -> Dict[str, int]:
     node_rank = int(os.environ.get("SLURM_NODEID", os.environ.get("NODE_RANK",
                                                                   os.environ.get("GROUP_RANK", 0))))
     local = node_servers.get(node_rank, {})
-    return {p["name"]: local[p["owner"]] for p in plan.get("parameters", []) if p.get("owner") in local}
+    return {name: local[t] for name, t in targets.items() if _is_index(t) and t in local}
+
+
+def _is_index(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
 
 
 # OffloadMuon's arguments that InProcessMuon accepts and ignores, so the classes swap freely.

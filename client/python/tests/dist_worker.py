@@ -48,3 +48,41 @@ def run(rank: int, world: int, init: str, socket: str, outdir: str):
             dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+def run_pool(rank: int, world: int, init: str, sockets, single: str, outdir: str):
+    """One rank of the pool-relay test (test_relays.py): the environment names the plan
+    (MUON_OFFLOAD_PLAN, global scope), so OffloadMuon sends each planned parameter to the server
+    of this rank's domain; that server owns it or relays it to its owner. Variant "single" is
+    mode shard on one server `single` without a plan (every parameter assigned to it)."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    from muon_offload.torch import InProcessMuon, OffloadMuon
+    kw = dict(lr=0.03, weight_decay=0.05, adamw_lr=2e-3)
+    try:
+        for variant in ("inprocess", "server_reduce", "shard", "single"):
+            model = GatedNet()
+            if variant == "inprocess":
+                opt = InProcessMuon(model.named_parameters(), **kw)
+            elif variant == "single":
+                names = ("conv.weight", "fc1.weight", "fc2.weight", "experts", "gate.weight")
+                opt = OffloadMuon(model.named_parameters(), servers=[single], mode="shard",
+                                  prefix="single/", assign={"single/" + n: 0 for n in names}, **kw)
+            else:
+                opt = OffloadMuon(model.named_parameters(), servers=list(sockets), mode=variant,
+                                  prefix=variant + "/", **kw)
+            losses = train(model, opt, 3, rank=rank)
+            # A checkpoint round trip: rank 0 loads every momentum through its domain's server.
+            sd = opt.state_dict()
+            opt.load_state_dict(sd)
+            losses += train(model, opt, 2, start=3, rank=rank)
+            torch.save({"params": [p.detach().clone() for p in model.parameters()],
+                        "losses": losses, "state": sd,
+                        "servers": {m.name: getattr(m, "server", None)
+                                    for m in getattr(opt, "_meta", {}).values()}},
+                       os.path.join(outdir, f"{variant}_{rank}.pt"))
+            if hasattr(opt, "close"):
+                opt.close()
+            dist.barrier()
+    finally:
+        dist.destroy_process_group()

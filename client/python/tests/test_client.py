@@ -104,10 +104,18 @@ PLAN = {
                            {"id": 1, "cuda_visible_devices": "7", "socket_name": "gpu7.sock",
                             "numactl": "--cpunodebind=0 --membind=0"}],
                "compute": {"cuda_visible_devices": "0,1,2,4,5,6"}}],
-    "ranks": [{"rank": 0, "node_rank": 0, "endpoints": [{"server": 0, "same_host": True},
-                                                        {"server": 1, "same_host": True}]}],
-    "parameters": [{"name": "fc1.weight", "owner": 1}, {"name": "fc2.weight", "owner": 0},
-                   {"name": "not.in.this.model", "owner": 1}],
+    "servers": [{"id": 0, "host": "node0", "node_rank": 0, "gpu": 3, "domain": 0,
+                 "socket_name": "gpu3.sock"},
+                {"id": 1, "host": "node0", "node_rank": 0, "gpu": 7, "domain": 0,
+                 "socket_name": "gpu7.sock"}],
+    "domains": [{"id": 0, "servers": [0, 1], "compute_ranks": [0]}],
+    "ranks": [{"rank": 0, "node_rank": 0, "domain": 0,
+               "endpoints": [{"server": 0, "same_host": True},
+                             {"server": 1, "same_host": True}]}],
+    # one domain: its relay of each parameter is the owner
+    "parameters": [{"name": "fc1.weight", "owner": 1, "relays": [1]},
+                   {"name": "fc2.weight", "owner": 0, "relays": [0]},
+                   {"name": "not.in.this.model", "owner": 1, "relays": [1]}],
 }
 
 
@@ -127,10 +135,11 @@ def test_plan_gives_servers_sockets_and_owners(tmpdir_private, monkeypatch):
     lines = r.stdout.split()
     assert lines[:2] == ["gpu3.sock", "gpu7.sock"], r.stdout   # the plan's servers, in order
     assert lines[2] == f"plan={plan}"
-    # OffloadMuon sends each parameter the plan names to its owner (index into the servers).
+    # OffloadMuon sends each parameter the plan names to its owner (index into the servers):
+    # in this plan's one domain the relay is the owner.
     monkeypatch.setenv("NODE_RANK", "0")
-    assert mt._plan_owners(str(plan)) == {"fc1.weight": 1, "fc2.weight": 0,
-                                          "not.in.this.model": 1}
+    assert mt._plan_targets(str(plan)) == {"fc1.weight": 1, "fc2.weight": 0,
+                                           "not.in.this.model": 1}
     bad = dict(PLAN, nodes=[])
     plan.write_text(json.dumps(bad))
     r = subprocess.run([str(REPO / "scripts" / "muon-offload-launch"), "--cpu", "--plan", str(plan),

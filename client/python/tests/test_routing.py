@@ -1,4 +1,5 @@
 """Which tensors go to the server (and as which matrix shape), which to the built-in AdamW."""
+import json
 import warnings
 
 import pytest
@@ -114,3 +115,97 @@ def test_lr_scheduler_drives_both_parts():
     train(model, opt, 2, sched=sched)
     lrs = sorted(g["lr"] for g in opt.param_groups)
     assert lrs == pytest.approx([1e-3 * 0.25, 0.02 * 0.25])
+
+
+# -- a plan's relays: which server each rank pushes a planned parameter to ----------------------
+
+def relay_plan(node_servers=(0, 1)):
+    """Two domains on one host: ranks 0, 1 and server 0 in domain 0, ranks 2, 3 and server 1 in
+    domain 1. fc1 (owner 0) and fc2 (owner 1) are relayed by both domains' servers; experts
+    (owner 0) has no relay in domain 1 (its ranks push straight to the owner)."""
+    servers = [{"id": 0, "host": "node0", "node_rank": 0, "gpu": 3, "domain": 0,
+                "socket_name": "gpu3.sock"},
+               {"id": 1, "host": "node0", "node_rank": 0, "gpu": 7, "domain": 1,
+                "socket_name": "gpu7.sock"}]
+    return {
+        "schema": "muon-offload-plan/1",
+        "nodes": [{"node_rank": 0, "host": "node0",
+                   "servers": [servers[i] for i in node_servers]}],
+        "servers": servers,
+        "domains": [{"id": 0, "servers": [0], "compute_ranks": [0, 1]},
+                    {"id": 1, "servers": [1], "compute_ranks": [2, 3]}],
+        "ranks": [{"rank": r, "node_rank": 0, "domain": r // 2} for r in range(4)],
+        "parameters": [{"name": "fc1.weight", "shape": [24, 12], "owner": 0, "relays": [0, 1]},
+                       {"name": "fc2.weight", "shape": [12, 24], "owner": 1, "relays": [0, 1]},
+                       {"name": "experts", "shape": [3, 12, 12], "owner": 0,
+                        "relays": [0, None]}],
+    }
+
+
+OWNERS = {"fc1.weight": 0, "fc2.weight": 1, "experts": 0}
+
+
+@pytest.mark.parametrize("scope", ["global", None])
+def test_plan_relays_route_each_rank_to_its_domains_server(tmp_path, monkeypatch, scope):
+    from muon_offload.torch import _plan_targets
+    if scope:
+        monkeypatch.setenv("MUON_OFFLOAD_SERVERS_SCOPE", scope)
+    else:
+        monkeypatch.delenv("MUON_OFFLOAD_SERVERS_SCOPE", raising=False)
+    monkeypatch.setenv("NODE_RANK", "0")
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(relay_plan()))
+    # domain 0: its own server relays (and owns) everything
+    for rank in (0, 1):
+        assert _plan_targets(str(path), rank) == {"fc1.weight": 0, "fc2.weight": 0, "experts": 0}
+    # domain 1: its relay, server 1, for both of the relayed parameters (whoever owns them);
+    # a null relay: straight to the owner
+    for rank in (2, 3):
+        assert _plan_targets(str(path), rank) == {"fc1.weight": 1, "fc2.weight": 1, "experts": 0}
+    # a rank the plan does not list, and a plan without ranks: the owners
+    assert _plan_targets(str(path), 7) == OWNERS
+    path.write_text(json.dumps(dict(relay_plan(), ranks=[])))
+    assert _plan_targets(str(path), 2) == OWNERS
+
+
+def test_plan_relays_map_to_node_local_indices(tmp_path, monkeypatch):
+    """On one host the servers are this node's in the plan's node order: a relay's id is mapped
+    to its index there like an owner's."""
+    from muon_offload.torch import _plan_targets
+    monkeypatch.delenv("MUON_OFFLOAD_SERVERS_SCOPE", raising=False)
+    monkeypatch.setenv("NODE_RANK", "0")
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(relay_plan(node_servers=(1, 0))))  # server 1 first on the node
+    assert _plan_targets(str(path), 2) == {"fc1.weight": 0, "fc2.weight": 0, "experts": 1}
+    assert _plan_targets(str(path), 0) == {"fc1.weight": 1, "fc2.weight": 1, "experts": 1}
+    monkeypatch.setenv("MUON_OFFLOAD_SERVERS_SCOPE", "global")  # ids index the servers
+    assert _plan_targets(str(path), 2) == {"fc1.weight": 1, "fc2.weight": 1, "experts": 0}
+
+
+@pytest.mark.parametrize("rank,expected", [
+    ("2", {"fc1.weight": 1, "fc2.weight": 1, "experts": 0}),
+    ("0", {"fc1.weight": 0, "fc2.weight": 0, "experts": 0}),
+    (None, {"fc1.weight": 0, "fc2.weight": 0, "experts": 0}),   # no RANK: rank 0
+])
+def test_offload_muon_registers_planned_parameters_with_its_domains_relay(
+        server_factory, tmp_path, monkeypatch, rank, expected):
+    """OffloadMuon (no torch.distributed: the rank comes from the environment's RANK) registers
+    each planned parameter with the server the plan gives its rank's domain."""
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(relay_plan()))
+    monkeypatch.setenv("MUON_OFFLOAD_PLAN", str(path))
+    monkeypatch.delenv("MUON_OFFLOAD_SERVERS_SCOPE", raising=False)
+    monkeypatch.setenv("NODE_RANK", "0")
+    if rank is None:
+        monkeypatch.delenv("RANK", raising=False)
+    else:
+        monkeypatch.setenv("RANK", rank)
+    servers = [server_factory("s0").socket, server_factory("s1").socket]
+    opt = OffloadMuon(TinyNet().named_parameters(), servers=servers)
+    try:
+        placed = {n: opt._meta[p].server for g in opt.param_groups if g["use_muon"]
+                  for p, n in zip(g["params"], g["param_names"])}
+        assert {n: placed[n] for n in expected} == expected
+        assert set(placed) == set(expected) | {"conv.weight"}  # conv: not planned, by cost
+    finally:
+        opt.close()

@@ -1,0 +1,301 @@
+#include "daemon/relay.hpp"
+
+#include <cstring>
+#include <utility>
+
+#include "client/client_error.hpp"
+#include "client/connection.hpp"
+#include "core/error.hpp"
+#include "transport/bf16.hpp"
+#include "transport/endpoint.hpp"
+
+namespace muon::daemon {
+
+using transport::DType;
+using transport::ErrorMsg;
+
+void Relay::Queue::push(Task t) {
+  {
+    std::lock_guard lk(mu);
+    tasks.push_back(std::move(t));
+  }
+  cv.notify_one();
+}
+
+void Relay::Queue::run() {
+  for (;;) {
+    Task t;
+    {
+      std::unique_lock lk(mu);
+      cv.wait(lk, [&] { return stopping || !tasks.empty(); });
+      if (tasks.empty()) return;
+      t = std::move(tasks.front());
+      tasks.pop_front();
+    }
+    t();
+  }
+}
+
+Relay::Relay(RelayConfig config, Post post) : config_(std::move(config)), post_(std::move(post)) {
+  if (config_.server_id < 0 || config_.server_id >= static_cast<int>(config_.pool.size())) {
+    throw InvalidArgument("relay: server id " + std::to_string(config_.server_id) +
+                          " is not in the pool of " + std::to_string(config_.pool.size()) +
+                          " servers");
+  }
+  sender_thread_ = std::thread([this] { sender_.run(); });
+  waiter_thread_ = std::thread([this] { waiter_.run(); });
+}
+
+Relay::~Relay() {
+  stopping_ = true;
+  {
+    std::lock_guard lk(connections_mu_);
+    for (auto& [id, c] : connections_) {
+      if (c) c->abandon("the relay server is shutting down");
+    }
+  }
+  {
+    std::lock_guard lk(sender_.mu);
+    sender_.stopping = true;
+  }
+  sender_.cv.notify_all();
+  sender_thread_.join();  // every wait it queued is in waiter_ now
+  {
+    std::lock_guard lk(waiter_.mu);
+    waiter_.stopping = true;
+  }
+  waiter_.cv.notify_all();
+  waiter_thread_.join();
+}
+
+std::string Relay::describe(int id) const {
+  const bool known = id >= 0 && id < static_cast<int>(config_.pool.size());
+  return "server " + std::to_string(id) +
+         (known ? " (" + config_.pool[static_cast<size_t>(id)] + ")" : std::string());
+}
+
+ErrorMsg Relay::error_of(const std::exception& e, int owner, const std::string& name,
+                         int64_t step) const {
+  if (const auto* se = dynamic_cast<const client::ServerError*>(&e)) {
+    return {se->code, "owner " + describe(owner) + ": " + se->message(), name, step, -1};
+  }
+  const auto* me = dynamic_cast<const Error*>(&e);
+  const std::string what = me ? me->message() : e.what();
+  const std::string code = dynamic_cast<const client::Timeout*>(&e) ? "timeout" : "peer_lost";
+  return {code,
+          "relay " + describe(config_.server_id) + " cannot reach owner " + describe(owner) +
+              " of '" + name + "': " + what,
+          name, step, -1};
+}
+
+std::shared_ptr<client::Connection> Relay::connection(int owner) {
+  if (owner < 0 || owner >= static_cast<int>(config_.pool.size()) || owner == config_.server_id) {
+    throw InvalidArgument("relay: no owner " + std::to_string(owner) + " in a pool of " +
+                          std::to_string(config_.pool.size()) + " servers (this one is " +
+                          std::to_string(config_.server_id) + ")");
+  }
+  {
+    std::lock_guard lk(connections_mu_);
+    auto& c = connections_[owner];
+    if (c && c->lost_reason().empty()) return c;
+    c.reset();
+  }
+  if (stopping_) throw client::ConnectionLost("the relay server is shutting down");
+  const std::string& endpoint = config_.pool[static_cast<size_t>(owner)];
+  const bool tcp = transport::parse_endpoint(endpoint).is_tcp();
+  auto fresh = std::make_shared<client::Connection>(
+      endpoint, transport::relay_rank(config_.world_size, config_.server_id), config_.world_size,
+      "muon-offloadd relay " + describe(config_.server_id), config_.connect_timeout,
+      config_.op_timeout, tcp ? config_.remote_plane : config_.local_plane, config_.auth_token,
+      config_.server_id);
+  // A new session (the owner restarted, or the connection broke): register everything again.
+  std::vector<std::pair<uint32_t, std::string>> sent;
+  for (const auto& reg : registered_[owner]) {
+    fresh->expect_updates(reg.name, reg.want, transport::dtype_bytes(reg.update_dtype));
+    sent.emplace_back(fresh->send_register(reg), reg.name);
+  }
+  watch(fresh, owner);
+  for (const auto& [id, name] : sent) fresh->wait_register(id, name);
+  std::lock_guard lk(connections_mu_);
+  if (stopping_) fresh->abandon("the relay server is shutting down");
+  connections_[owner] = fresh;
+  return fresh;
+}
+
+void Relay::watch(const std::shared_ptr<client::Connection>& conn, int owner) {
+  std::weak_ptr<client::Connection> weak = conn;  // the callbacks live inside the connection
+  conn->set_update_callback([this, weak](const std::string& name, int64_t step) {
+    RelayStep st;
+    std::function<void(RelayStep)> deliver;
+    {
+      std::lock_guard lk(subscriptions_mu_);
+      const auto it = subscriptions_.find(name);
+      if (it == subscriptions_.end()) return;  // a forwarded step: its waiter takes it
+      st = it->second.prototype;
+      deliver = it->second.deliver;
+    }
+    st.step = step;
+    st.unasked = true;
+    waiter_.push([this, weak, st = std::move(st), deliver]() mutable {
+      try {
+        if (auto c = weak.lock()) take_update(*c, st);
+      } catch (const std::exception& e) {
+        st.error = error_of(e, st.owner, st.name, st.step);
+      }
+      post_([deliver, st = std::move(st)]() mutable { deliver(std::move(st)); });
+    });
+  });
+  conn->set_error_callback([this, owner](const ErrorMsg& error) {
+    std::lock_guard lk(subscriptions_mu_);
+    const auto it = subscriptions_.find(error.param);
+    if (it == subscriptions_.end()) return;  // a forwarded step: its waiter throws it
+    RelayStep st = it->second.prototype;
+    st.step = error.step;
+    st.unasked = true;
+    st.error = error;
+    st.error->message = "owner " + describe(owner) + ": " + error.message;
+    post_([deliver = it->second.deliver, st = std::move(st)]() mutable { deliver(std::move(st)); });
+  });
+}
+
+void Relay::take_update(client::Connection& conn, RelayStep& step) {
+  int64_t packed = 0;
+  for (const auto& r : step.want) packed += r.size();
+  const size_t esize = transport::dtype_bytes(step.update_dtype);
+  std::vector<std::byte> bytes(static_cast<size_t>(packed) * esize);
+  step.applied = conn.wait_update(step.name, step.step, bytes.data());
+  // Packed want ranges (update dtype), scattered into the full-size update.
+  step.update.assign(static_cast<size_t>(step.numel), 0.0f);
+  int64_t pos = 0;
+  for (const auto& r : step.want) {
+    for (int64_t i = r.begin; i < r.end; ++i, ++pos) {
+      if (step.update_dtype == DType::f32) {
+        std::memcpy(&step.update[static_cast<size_t>(i)], bytes.data() + 4 * pos, 4);
+      } else {
+        uint16_t h;
+        std::memcpy(&h, bytes.data() + 2 * pos, 2);
+        step.update[static_cast<size_t>(i)] = transport::bf16_to_f32(h);
+      }
+    }
+  }
+}
+
+void Relay::register_param(int owner, transport::RegisterParam reg,
+                           std::function<void(std::optional<ErrorMsg>, transport::RegisterOk)> done,
+                           std::function<void(RelayStep)> unasked) {
+  if (unasked) {  // before the registration: the owner may send a step's update right after it
+    RelayStep proto;
+    proto.name = reg.name;
+    proto.owner = owner;
+    proto.grad_dtype = reg.grad_dtype;
+    proto.update_dtype = reg.update_dtype;
+    proto.numel = 1;
+    for (auto d : reg.shape) proto.numel *= d;
+    proto.want = reg.want;
+    std::lock_guard lk(subscriptions_mu_);
+    subscriptions_[reg.name] = {std::move(proto), std::move(unasked)};
+  }
+  sender_.push([this, owner, reg = std::move(reg), done = std::move(done)]() mutable {
+    std::shared_ptr<client::Connection> conn;
+    uint32_t id = 0;
+    try {
+      conn = connection(owner);
+      conn->expect_updates(reg.name, reg.want, transport::dtype_bytes(reg.update_dtype));
+      id = conn->send_register(reg);
+    } catch (const std::exception& e) {
+      post_([done, err = error_of(e, owner, reg.name, -1)] { done(err, {}); });
+      return;
+    }
+    registered_[owner].push_back(reg);
+    waiter_.push([this, owner, conn, id, name = reg.name, done = std::move(done)] {
+      try {
+        auto ok = conn->wait_register(id, name);
+        post_([done, ok] { done(std::nullopt, ok); });
+      } catch (const std::exception& e) {
+        post_([done, err = error_of(e, owner, name, -1)] { done(err, {}); });
+        // Not registered after all: a reconnect must not replay it.
+        sender_.push([this, owner, name] {
+          std::erase_if(registered_[owner], [&](const auto& r) { return r.name == name; });
+        });
+      }
+    });
+  });
+}
+
+void Relay::forward(RelayStep step, std::function<void(RelayStep)> done) {
+  sender_.push([this, step = std::move(step), done = std::move(done)]() mutable {
+    std::shared_ptr<client::Connection> conn;
+    try {
+      conn = connection(step.owner);
+      std::vector<uint16_t> narrow;
+      for (const auto& r : step.push) {
+        const float* src = step.grad.data() + r.begin;
+        if (step.grad_dtype == DType::f32) {
+          conn->push(step.name, step.step, r.begin, reinterpret_cast<const std::byte*>(src),
+                     r.size(), 4, transport::ChunkKind::gradient);
+        } else {  // the partial sum travels in the registered dtype (round to nearest even)
+          narrow.resize(static_cast<size_t>(r.size()));
+          for (size_t i = 0; i < narrow.size(); ++i) narrow[i] = transport::f32_to_bf16(src[i]);
+          conn->push(step.name, step.step, r.begin,
+                     reinterpret_cast<const std::byte*>(narrow.data()), r.size(), 2,
+                     transport::ChunkKind::gradient);
+        }
+      }
+      conn->commit(step.name, step.step);
+    } catch (const std::exception& e) {
+      step.error = error_of(e, step.owner, step.name, step.step);
+      post_([done, step = std::move(step)]() mutable { done(std::move(step)); });
+      return;
+    }
+    waiter_.push([this, conn, step = std::move(step), done = std::move(done)]() mutable {
+      try {
+        if (!step.want.empty()) take_update(*conn, step);
+      } catch (const std::exception& e) {
+        step.error = error_of(e, step.owner, step.name, step.step);
+      }
+      post_([done, step = std::move(step)]() mutable { done(std::move(step)); });
+    });
+  });
+}
+
+void Relay::forward_momentum(int owner, const std::string& name, int64_t step, int64_t offset,
+                             std::vector<float> values, std::function<void(ErrorMsg)> failed) {
+  sender_.push([this, owner, name, step, offset, values = std::move(values),
+                failed = std::move(failed)] {
+    try {
+      connection(owner)->push(name, step, offset, reinterpret_cast<const std::byte*>(values.data()),
+                              static_cast<int64_t>(values.size()), 4,
+                              transport::ChunkKind::momentum);
+    } catch (const std::exception& e) {
+      post_([failed, err = error_of(e, owner, name, step)] { failed(err); });
+    }
+  });
+}
+
+void Relay::fetch_momentum(
+    int owner, const std::string& name, int64_t numel,
+    std::function<void(std::vector<float>, int64_t, std::optional<ErrorMsg>)> done) {
+  sender_.push([this, owner, name, numel, done = std::move(done)] {
+    std::shared_ptr<client::Connection> conn;
+    try {
+      conn = connection(owner);
+    } catch (const std::exception& e) {
+      post_([done, err = error_of(e, owner, name, -1)] { done({}, -1, err); });
+      return;
+    }
+    // On the waiter, behind the answers owed before it: the fetch sees every earlier push.
+    waiter_.push([this, owner, conn, name, numel, done] {
+      try {
+        int64_t last = -1;
+        auto values = conn->fetch_momentum(name, numel, &last);
+        post_([done, values = std::move(values), last]() mutable {
+          done(std::move(values), last, std::nullopt);
+        });
+      } catch (const std::exception& e) {
+        post_([done, err = error_of(e, owner, name, -1)] { done({}, -1, err); });
+      }
+    });
+  });
+}
+
+}  // namespace muon::daemon

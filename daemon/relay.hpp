@@ -1,0 +1,152 @@
+// The relay side of the pool (daemon/pool_routes.hpp): a server that relays a parameter for its
+// domain sums the domain's contributions as for any parameter (daemon/step_reducer.hpp), then
+// forwards that one partial sum to the owner server and hands the owner's update back to its
+// domain's ranks. Toward the owner it is a client (client/connection.hpp) that says hello as
+// rank transport::relay_rank(world_size, server id), so the owner sums relays after the ranks that
+// push to it directly, in server-id order: the step's gradient is, for every element,
+//   ((ranks of the owner's domain, ascending) + partial(relay a)) + partial(relay b) ...
+// with each partial the sum of its domain's ranks in ascending order: the same for every chunking
+// and arrival order (architecture guide, "Equivalence contract").
+//
+// Threads: the io thread only enqueues. A sender thread connects, registers, pushes and commits
+// in the order calls were made (connecting again, and registering every parameter again, after
+// a lost owner); a waiter thread takes the owner's answers in the same order and posts each
+// outcome to the io thread. Nothing here blocks the io thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "transport/messages.hpp"
+
+namespace muon::client {
+class Connection;
+}
+
+namespace muon::daemon {
+
+/// How this server reaches the pool (muon-offloadd --pool-servers, --server-id).
+struct RelayConfig {
+  /// Every server of the plan in id order: Unix socket paths or "tcp://HOST:PORT".
+  std::vector<std::string> pool;
+  int server_id = 0;   ///< this server's plan id
+  int world_size = 1;  ///< compute ranks of the job
+  /// Data plane toward an owner on a Unix socket (same host) and over TCP (another host).
+  transport::DataPlane local_plane = transport::DataPlane::shm;
+  transport::DataPlane remote_plane = transport::DataPlane::shm;
+  std::string auth_token;  ///< the pool's token (tcp endpoints)
+  std::chrono::milliseconds connect_timeout{10000};
+  std::chrono::milliseconds op_timeout{120000};
+};
+
+/// One relayed step of one parameter, in and out.
+struct RelayStep {
+  std::string name;
+  int64_t step = 0;
+  int owner = -1;
+  transport::DType grad_dtype = transport::DType::f32;
+  transport::DType update_dtype = transport::DType::f32;
+  int64_t numel = 0;        ///< in: the parameter's elements
+  std::vector<float> grad;  ///< in: the domain's partial sum, numel fp32 (handed back out)
+  std::vector<transport::Range> push;  ///< in: elements of grad the domain's ranks push
+  std::vector<transport::Range> want;  ///< in: elements of the update they want (may be empty)
+  /// out: numel fp32, the owner's update at the want elements (widened when bf16), 0 elsewhere
+  std::vector<float> update;
+  bool applied = true;                       ///< out: false when the owner skipped the step
+  std::optional<transport::ErrorMsg> error;  ///< out: the owner's error, or a lost owner
+  /// out: the owner sent it unasked (a domain that pushes nothing to the parameter)
+  bool unasked = false;
+};
+
+class Relay {
+ public:
+  /// Runs a callback on the io thread (asio::post onto the server's io_context).
+  using Post = std::function<void(std::function<void()>)>;
+
+  /// Starts the sender and waiter threads; connects to owners only when first needed.
+  /// Throws InvalidArgument when config.server_id is not in config.pool.
+  Relay(RelayConfig config, Post post);
+  /// Gives every owner connection up (answers still owed fail at once), then stops both threads
+  /// after the calls already made (their outcomes are posted; nothing connects again).
+  ~Relay();
+  Relay(const Relay&) = delete;
+  Relay& operator=(const Relay&) = delete;
+
+  /// Registers `reg` (push and want as this relay forwards them) with server `owner`; `done`
+  /// runs on the io thread with the owner's RegisterOk, or the error (the owner's refusal, a
+  /// timeout naming the ranks it waits for, an unreachable owner: code "peer_lost").
+  /// A parameter the domain does not push (reg.push empty) but wants: the owner sends each
+  /// step's update unasked, and `unasked` receives it on the io thread (RelayStep with name,
+  /// step, update, applied, unasked set), or the owner's error about one of its steps.
+  void register_param(
+      int owner, transport::RegisterParam reg,
+      std::function<void(std::optional<transport::ErrorMsg>, transport::RegisterOk)> done,
+      std::function<void(RelayStep)> unasked = {});
+  /// Pushes step.grad's push elements to the owner (in step.grad_dtype), commits, and waits for
+  /// the update of the want elements; `done` runs on the io thread with `step` filled in.
+  void forward(RelayStep step, std::function<void(RelayStep)> done);
+  /// Forwards a momentum load chunk (fp32) of parameter `name` (last applied step `step`) to
+  /// `owner`; a failure comes back through `failed` on the io thread.
+  void forward_momentum(int owner, const std::string& name, int64_t step, int64_t offset,
+                        std::vector<float> values, std::function<void(transport::ErrorMsg)> failed);
+  /// Fetches the owner's momentum of `name` (numel fp32) after every call made before;
+  /// `done(values, last_step, error)` on the io thread.
+  void fetch_momentum(
+      int owner, const std::string& name, int64_t numel,
+      std::function<void(std::vector<float>, int64_t, std::optional<transport::ErrorMsg>)> done);
+
+  /// The endpoint of server `id` ("server 3 (tcp://h:29603)") for messages.
+  std::string describe(int id) const;
+
+ private:
+  using Task = std::function<void()>;
+  struct Queue {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<Task> tasks;
+    bool stopping = false;
+    void push(Task t);
+    void run();  // until stopping and empty
+  };
+  /// The connection to `owner`, made (and every registration with it replayed) when there is
+  /// none or it was lost. Sender thread only. Throws what Connection throws.
+  std::shared_ptr<client::Connection> connection(int owner);
+  /// Waits for the update of (step.name, step.step) on `conn` and scatters its want elements
+  /// into step.update (numel fp32, zeros elsewhere). Throws what Connection::wait_update throws.
+  static void take_update(client::Connection& conn, RelayStep& step);
+  /// Installs the callbacks that deliver unasked updates and errors of subscribed parameters.
+  void watch(const std::shared_ptr<client::Connection>& conn, int owner);
+  /// An ErrorMsg for an exception thrown while talking to `owner` about (name, step).
+  transport::ErrorMsg error_of(const std::exception& e, int owner, const std::string& name,
+                               int64_t step) const;
+
+  RelayConfig config_;
+  Post post_;
+  std::mutex connections_mu_;  // connections_: written by the sender, abandoned by ~Relay
+  std::map<int, std::shared_ptr<client::Connection>> connections_;
+  std::atomic<bool> stopping_{false};  // ~Relay began: connection() refuses to connect
+  /// Parameters whose updates the owner sends unasked, by name: a prototype RelayStep (name,
+  /// owner, dtypes, numel, want) and where each goes. Read on the connections' reader threads.
+  struct Subscription {
+    RelayStep prototype;
+    std::function<void(RelayStep)> deliver;
+  };
+  std::mutex subscriptions_mu_;
+  std::map<std::string, Subscription> subscriptions_;
+  std::map<int, std::vector<transport::RegisterParam>> registered_;  // by owner; sender thread
+  Queue sender_, waiter_;
+  std::thread sender_thread_, waiter_thread_;
+};
+
+}  // namespace muon::daemon
