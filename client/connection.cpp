@@ -134,6 +134,14 @@ void Connection::throw_lost(const std::string& what) {
                        ") while " + what);
 }
 
+void Connection::abandon(const std::string& why) {
+  {
+    std::lock_guard lk(mu_);
+    abandoned_ = true;
+  }
+  lose(why);
+}
+
 void Connection::lose(const std::string& why) {
   {
     std::lock_guard lk(mu_);
@@ -513,10 +521,17 @@ void Connection::reader_loop() {
         why = std::string("bad data from the server: ") + e.what();
       }
     }
-    std::lock_guard lk(mu_);
-    if (lost_.empty()) lost_ = why;
-    if (nccl_ && !closing_) nccl_->abort();  // the server is gone (see lose())
-    cv_.notify_all();
+    ErrorCallback on_lost;
+    std::string reason;
+    {
+      std::lock_guard lk(mu_);
+      if (lost_.empty()) lost_ = why;
+      if (nccl_ && !closing_) nccl_->abort();  // the server is gone (see lose())
+      cv_.notify_all();
+      if (!closing_ && !abandoned_) on_lost = error_callback_;
+      reason = lost_;
+    }
+    if (on_lost) on_lost({"peer_lost", reason, "", -1, -1});
     return;
   }
 }
@@ -542,10 +557,11 @@ void Connection::handle(transport::Frame f) {
         replies_[f.request_id].error = e;
         replies_[f.request_id].done = true;
       } else if (!e.param.empty()) {
-        params_[e.param].errors.emplace(e.step, e);  // the first error of a step is its cause
-        if (error_callback_) {
+        if (error_callback_) {  // offered to the callback first (below), kept if it declines
           notify = std::move(e);
           on_error = error_callback_;
+        } else {
+          params_[e.param].errors.emplace(e.step, e);  // the first error of a step is its cause
         }
       } else {
         // Not about one parameter (shutdown, protocol): every waiter should see it.
@@ -563,7 +579,11 @@ void Connection::handle(transport::Frame f) {
   }
   cv_.notify_all();
   lk.unlock();
-  if (notify && on_error) on_error(*notify);
+  if (notify && on_error && !on_error(*notify)) {
+    lk.lock();
+    params_[notify->param].errors.emplace(notify->step, *notify);
+    cv_.notify_all();
+  }
 }
 
 void Connection::set_error_callback(ErrorCallback cb) {

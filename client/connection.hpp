@@ -33,9 +33,12 @@ using Clock = std::chrono::steady_clock;
 
 /// Called on the reader thread when a parameter's update for a step is complete.
 using UpdateCallback = std::function<void(const std::string& name, int64_t step)>;
-/// Called on the reader thread with each error the server sends about one parameter (not in
-/// answer to a request): the error a later wait_update of that step will throw.
-using ErrorCallback = std::function<void(const transport::ErrorMsg& error)>;
+/// Called on the reader thread, without the connection's lock, with each error the server sends
+/// about one parameter (not in answer to a request); returning true takes the error (a later
+/// wait_update of that step will not throw it), false leaves it for wait_update. Also called once
+/// when the connection is lost (code "peer_lost", no parameter, the reason as message; the result
+/// is ignored), except when the destructor or abandon() ends it.
+using ErrorCallback = std::function<bool(const transport::ErrorMsg& error)>;
 
 class Connection {
  public:
@@ -125,7 +128,7 @@ class Connection {
   void send_step_report(const transport::StepReport& report);
 
   void set_update_callback(UpdateCallback cb);
-  /// Installs the error callback (it must not call this connection).
+  /// Installs the error callback (it may call this connection, but must not block on it).
   void set_error_callback(ErrorCallback cb);
   /// Announces the want ranges and update dtype of a parameter before its first update.
   void expect_updates(const std::string& name, std::vector<transport::Range> want,
@@ -137,7 +140,7 @@ class Connection {
   std::string lost_reason();
   /// Gives the connection up now from any thread: waits in progress and later calls throw
   /// ConnectionLost with `why` (the destructor still tears the data plane down).
-  void abandon(const std::string& why) { lose(why); }
+  void abandon(const std::string& why);
 
  private:
   /// Complete updates held per parameter before the oldest unread one is dropped.
@@ -229,7 +232,8 @@ class Connection {
   std::unique_ptr<NcclPlane> nccl_;               // nccl
   std::mutex nccl_tx_mu_;  // push frames and their NCCL sends, in one order (nccl)
   std::mutex write_mu_;
-  bool closing_ = false;  // under mu_: the destructor tore the device plane down
+  bool closing_ = false;    // under mu_: the destructor tore the device plane down
+  bool abandoned_ = false;  // under mu_: abandon() was called
   std::mutex mu_;
   std::condition_variable cv_;
   uint32_t next_request_ = 1;

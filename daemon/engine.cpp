@@ -529,13 +529,14 @@ void Engine::complete_registration(const std::string& name, Param& p) {
             params_.erase(it);
             return;
           }
+          q.awaiting_owner = false;
           q.last_step = ok.last_step;
           answer_registration(q);
         },
-        // A domain that pushes nothing gets the owner's updates unasked.
-        p.layout->contributors == 0 ? std::function<void(RelayStep)>(
-                                          [this](RelayStep st) { finish_relayed(std::move(st)); })
-                                    : std::function<void(RelayStep)>());
+        // What the owner says outside the answers to forwarded steps (unasked updates for a
+        // domain that pushes nothing, errors of steps not forwarded, a restart).
+        [this](RelayStep st) { finish_relayed(std::move(st)); });
+    p.awaiting_owner = true;
     return;
   }
   p.momentum.assign(static_cast<size_t>(shape.numel()), 0.0f);
@@ -572,6 +573,7 @@ void Engine::answer_registration(Param& p) {
 }
 
 void Engine::release_reregistrations(Param& p) {
+  if (p.awaiting_owner) return;  // the owner answers first (complete_registration)
   for (int r : p.layout->registrants) {
     if (!session_of(r)) return;
   }
@@ -832,10 +834,20 @@ void Engine::start_compute(const std::string& name, Param& p) {
 
 void Engine::finish_relayed(RelayStep step) {
   auto it = params_.find(step.name);
-  if (it == params_.end()) return;
+  if (it == params_.end() || !it->second.layout) return;
   Param& p = it->second;
-  p.computing = false;
-  p.grad = std::move(step.grad);
+  if (step.resync) {  // registered again with an owner that restarted
+    if (p.last_step != step.step) {
+      log()->warn("parameter '{}': its owner restarted at last applied step {} (this relay had {})",
+                  step.name, step.step, p.last_step);
+    }
+    p.last_step = step.step;
+    return;
+  }
+  if (!step.unasked) {  // the answer to this relay's forward
+    p.computing = false;
+    p.grad = std::move(step.grad);
+  }
   if (step.error) {
     // The owner consumed a refused step (non-finite, backend) as its own; a dropped one (a lost
     // peer, a timeout) may be retried.

@@ -95,6 +95,9 @@ class Engine {
     /// route): the step's partial sum goes to the owner and its update comes back (no momentum
     /// here); -1 when this server owns it.
     int relay_owner = -1;
+    /// Relayed: the registration is complete here but the owner has not answered the relay's
+    /// yet (register_ok waits for it).
+    bool awaiting_owner = false;
   };
 
   void on_hello(const SessionPtr& s, const transport::Frame& f);

@@ -65,15 +65,19 @@ PoolRoutes::PoolRoutes(const std::string& plan_json, int server_id, const std::s
     throw InvalidArgument(where + " has servers 0.." + std::to_string(servers_ - 1) +
                           "; there is no server " + std::to_string(server_id));
   }
-  // Each domain's compute ranks.
-  std::vector<std::vector<int>> domain_ranks;
+  // Each domain's compute ranks and servers.
+  std::vector<std::vector<int>> domain_ranks, domain_servers;
   for (size_t d = 0; d < domains.size(); ++d) {
     const std::string what = where + ": domains[" + std::to_string(d) + "]";
-    std::vector<int> rs;
+    std::vector<int> rs, ss;
     for (const auto& r : array_of(domains[d], "compute_ranks", what)) {
       rs.push_back(int_in(r, 0, world_size_, what + ".compute_ranks[]"));
     }
+    for (const auto& sv : array_of(domains[d], "servers", what)) {
+      ss.push_back(int_in(sv, 0, servers_, what + ".servers[]"));
+    }
     domain_ranks.push_back(std::move(rs));
+    domain_servers.push_back(std::move(ss));
   }
   for (size_t i = 0; i < params.size(); ++i) {
     const auto& p = params[i];
@@ -99,6 +103,12 @@ PoolRoutes::PoolRoutes(const std::string& plan_json, int server_id, const std::s
       if (relay < 0 || relay == owner) {  // straight to the owner
         at_owner.registrants.insert(at_owner.registrants.end(), rs.begin(), rs.end());
         continue;
+      }
+      const auto& ss = domain_servers[d];
+      if (std::find(ss.begin(), ss.end(), relay) == ss.end()) {
+        throw InvalidArgument(what + ".relays[" + std::to_string(d) + "] = server " +
+                              std::to_string(relay) + " is not a server of domain " +
+                              std::to_string(d));
       }
       if (rs.empty()) continue;  // a relay for no rank forwards nothing
       at_owner.registrants.push_back(transport::relay_rank(world_size_, relay));

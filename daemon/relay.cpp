@@ -66,6 +66,14 @@ Relay::~Relay() {
   }
   waiter_.cv.notify_all();
   waiter_thread_.join();
+  // The connections go first (their readers may still call back into the queues and the
+  // subscriptions while they finish), outside the lock their callbacks never take.
+  std::map<int, std::shared_ptr<client::Connection>> connections;
+  {
+    std::lock_guard lk(connections_mu_);
+    connections.swap(connections_);
+  }
+  connections.clear();
 }
 
 std::string Relay::describe(int id) const {
@@ -108,17 +116,42 @@ std::shared_ptr<client::Connection> Relay::connection(int owner) {
       "muon-offloadd relay " + describe(config_.server_id), config_.connect_timeout,
       config_.op_timeout, tcp ? config_.remote_plane : config_.local_plane, config_.auth_token,
       config_.server_id);
-  // A new session (the owner restarted, or the connection broke): register everything again.
-  std::vector<std::pair<uint32_t, std::string>> sent;
-  for (const auto& reg : registered_[owner]) {
-    fresh->expect_updates(reg.name, reg.want, transport::dtype_bytes(reg.update_dtype));
-    sent.emplace_back(fresh->send_register(reg), reg.name);
-  }
+  // Callbacks first (the owner sends unasked updates as soon as a registration is whole again),
+  // and in the map before any wait, so that ~Relay can abandon it.
   watch(fresh, owner);
-  for (const auto& [id, name] : sent) fresh->wait_register(id, name);
-  std::lock_guard lk(connections_mu_);
-  if (stopping_) fresh->abandon("the relay server is shutting down");
-  connections_[owner] = fresh;
+  {
+    std::lock_guard lk(connections_mu_);
+    if (stopping_) fresh->abandon("the relay server is shutting down");
+    connections_[owner] = fresh;
+  }
+  // A new session (the owner restarted, or the connection broke): register everything again,
+  // and tell each parameter the owner's last applied step (a restart from a snapshot).
+  try {
+    std::vector<std::pair<uint32_t, std::string>> sent;
+    for (const auto& reg : registered_[owner]) {
+      fresh->expect_updates(reg.name, reg.want, transport::dtype_bytes(reg.update_dtype));
+      sent.emplace_back(fresh->send_register(reg), reg.name);
+    }
+    for (const auto& [id, name] : sent) {
+      const auto ok = fresh->wait_register(id, name);
+      RelayStep st;
+      std::function<void(RelayStep)> deliver;
+      {
+        std::lock_guard lk(subscriptions_mu_);
+        const auto it = subscriptions_.find(name);
+        if (it == subscriptions_.end()) continue;
+        st = it->second.prototype;
+        deliver = it->second.deliver;
+      }
+      st.step = ok.last_step;
+      st.resync = true;
+      post_([deliver, st = std::move(st)]() mutable { deliver(std::move(st)); });
+    }
+  } catch (...) {
+    std::lock_guard lk(connections_mu_);
+    if (connections_[owner] == fresh) connections_[owner].reset();
+    throw;
+  }
   return fresh;
 }
 
@@ -130,7 +163,8 @@ void Relay::watch(const std::shared_ptr<client::Connection>& conn, int owner) {
     {
       std::lock_guard lk(subscriptions_mu_);
       const auto it = subscriptions_.find(name);
-      if (it == subscriptions_.end()) return;  // a forwarded step: its waiter takes it
+      // A forwarded step: its waiter takes it.
+      if (it == subscriptions_.end() || !it->second.unasked_updates) return;
       st = it->second.prototype;
       deliver = it->second.deliver;
     }
@@ -145,17 +179,58 @@ void Relay::watch(const std::shared_ptr<client::Connection>& conn, int owner) {
       post_([deliver, st = std::move(st)]() mutable { deliver(std::move(st)); });
     });
   });
-  conn->set_error_callback([this, owner](const ErrorMsg& error) {
+  conn->set_error_callback([this, owner](const ErrorMsg& error) -> bool {
+    if (error.param.empty()) {  // the owner is gone: its unasked updates will not come
+      std::vector<std::pair<std::function<void(RelayStep)>, RelayStep>> lost;
+      {
+        std::lock_guard lk(subscriptions_mu_);
+        for (const auto& [name, sub] : subscriptions_) {
+          if (sub.prototype.owner != owner || !sub.unasked_updates) continue;
+          RelayStep st = sub.prototype;
+          st.step = -1;
+          st.unasked = true;
+          st.error = ErrorMsg{"peer_lost",
+                              "relay " + describe(config_.server_id) + " lost owner " +
+                                  describe(owner) + " of '" + name + "': " + error.message,
+                              name, -1, -1};
+          lost.emplace_back(sub.deliver, std::move(st));
+        }
+      }
+      for (auto& [deliver, st] : lost) {
+        post_([deliver, st = std::move(st)]() mutable { deliver(std::move(st)); });
+      }
+      // Connect again (registering everything again) without waiting for a step to need it.
+      if (!stopping_ && !lost.empty()) {
+        sender_.push([this, owner] {
+          try {
+            connection(owner);
+          } catch (const std::exception&) {  // the next step that needs it tries again
+          }
+        });
+      }
+      return false;
+    }
     std::lock_guard lk(subscriptions_mu_);
     const auto it = subscriptions_.find(error.param);
-    if (it == subscriptions_.end()) return;  // a forwarded step: its waiter throws it
+    if (it == subscriptions_.end()) return false;
+    // A forwarded step waits for its answer: the waiter throws it.
+    if (in_flight_.count({error.param, error.step})) return false;
+    // Otherwise nothing of this relay waits for it (an unasked update's step, or a step the owner
+    // dropped before this relay forwarded it): the domain's ranks get it now, and it cannot
+    // poison a later forward of the same step.
     RelayStep st = it->second.prototype;
     st.step = error.step;
     st.unasked = true;
     st.error = error;
     st.error->message = "owner " + describe(owner) + ": " + error.message;
     post_([deliver = it->second.deliver, st = std::move(st)]() mutable { deliver(std::move(st)); });
+    return true;
   });
+}
+
+void Relay::landed(const RelayStep& step) {
+  std::lock_guard lk(subscriptions_mu_);
+  in_flight_.erase({step.name, step.step});
 }
 
 void Relay::take_update(client::Connection& conn, RelayStep& step) {
@@ -182,8 +257,8 @@ void Relay::take_update(client::Connection& conn, RelayStep& step) {
 
 void Relay::register_param(int owner, transport::RegisterParam reg,
                            std::function<void(std::optional<ErrorMsg>, transport::RegisterOk)> done,
-                           std::function<void(RelayStep)> unasked) {
-  if (unasked) {  // before the registration: the owner may send a step's update right after it
+                           std::function<void(RelayStep)> events) {
+  {  // before the registration: the owner may send a step's update right after it
     RelayStep proto;
     proto.name = reg.name;
     proto.owner = owner;
@@ -192,8 +267,9 @@ void Relay::register_param(int owner, transport::RegisterParam reg,
     proto.numel = 1;
     for (auto d : reg.shape) proto.numel *= d;
     proto.want = reg.want;
+    const bool unasked = reg.push.empty() && !reg.want.empty();
     std::lock_guard lk(subscriptions_mu_);
-    subscriptions_[reg.name] = {std::move(proto), std::move(unasked)};
+    subscriptions_[reg.name] = {std::move(proto), std::move(events), unasked};
   }
   sender_.push([this, owner, reg = std::move(reg), done = std::move(done)]() mutable {
     std::shared_ptr<client::Connection> conn;
@@ -225,6 +301,10 @@ void Relay::register_param(int owner, transport::RegisterParam reg,
 void Relay::forward(RelayStep step, std::function<void(RelayStep)> done) {
   sender_.push([this, step = std::move(step), done = std::move(done)]() mutable {
     std::shared_ptr<client::Connection> conn;
+    {
+      std::lock_guard lk(subscriptions_mu_);
+      in_flight_.insert({step.name, step.step});
+    }
     try {
       conn = connection(step.owner);
       std::vector<uint16_t> narrow;
@@ -244,6 +324,7 @@ void Relay::forward(RelayStep step, std::function<void(RelayStep)> done) {
       conn->commit(step.name, step.step);
     } catch (const std::exception& e) {
       step.error = error_of(e, step.owner, step.name, step.step);
+      landed(step);
       post_([done, step = std::move(step)]() mutable { done(std::move(step)); });
       return;
     }
@@ -253,6 +334,7 @@ void Relay::forward(RelayStep step, std::function<void(RelayStep)> done) {
       } catch (const std::exception& e) {
         step.error = error_of(e, step.owner, step.name, step.step);
       }
+      landed(step);
       post_([done, step = std::move(step)]() mutable { done(std::move(step)); });
     });
   });

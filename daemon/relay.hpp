@@ -24,6 +24,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -65,8 +66,13 @@ struct RelayStep {
   std::vector<float> update;
   bool applied = true;                       ///< out: false when the owner skipped the step
   std::optional<transport::ErrorMsg> error;  ///< out: the owner's error, or a lost owner
-  /// out: the owner sent it unasked (a domain that pushes nothing to the parameter)
+  /// out: not the answer to a forward: an update the owner sent unasked (a domain that pushes
+  /// nothing to the parameter), or the owner's error about a step this relay did not forward
+  /// (step -1: the owner was lost)
   bool unasked = false;
+  /// out: only `step` is set, the owner's last applied step, after registering again with an
+  /// owner that restarted
+  bool resync = false;
 };
 
 class Relay {
@@ -86,13 +92,15 @@ class Relay {
   /// Registers `reg` (push and want as this relay forwards them) with server `owner`; `done`
   /// runs on the io thread with the owner's RegisterOk, or the error (the owner's refusal, a
   /// timeout naming the ranks it waits for, an unreachable owner: code "peer_lost").
-  /// A parameter the domain does not push (reg.push empty) but wants: the owner sends each
-  /// step's update unasked, and `unasked` receives it on the io thread (RelayStep with name,
-  /// step, update, applied, unasked set), or the owner's error about one of its steps.
+  /// `events` receives on the io thread what the owner says about the parameter outside the
+  /// answers to forward(): its errors about steps this relay did not forward (RelayStep with
+  /// unasked and error set); for a parameter the domain does not push (reg.push empty) but
+  /// wants, each step's update, which the owner sends unasked, and the loss of the owner (step
+  /// -1, peer_lost); after a reconnection, the owner's last applied step (resync).
   void register_param(
       int owner, transport::RegisterParam reg,
       std::function<void(std::optional<transport::ErrorMsg>, transport::RegisterOk)> done,
-      std::function<void(RelayStep)> unasked = {});
+      std::function<void(RelayStep)> events);
   /// Pushes step.grad's push elements to the owner (in step.grad_dtype), commits, and waits for
   /// the update of the want elements; `done` runs on the io thread with `step` filled in.
   void forward(RelayStep step, std::function<void(RelayStep)> done);
@@ -125,7 +133,9 @@ class Relay {
   /// Waits for the update of (step.name, step.step) on `conn` and scatters its want elements
   /// into step.update (numel fp32, zeros elsewhere). Throws what Connection::wait_update throws.
   static void take_update(client::Connection& conn, RelayStep& step);
-  /// Installs the callbacks that deliver unasked updates and errors of subscribed parameters.
+  /// A forwarded step got its answer (or failed): its errors are no longer awaited.
+  void landed(const RelayStep& step);
+  /// Installs the callbacks that deliver unasked updates, errors and the owner's loss.
   void watch(const std::shared_ptr<client::Connection>& conn, int owner);
   /// An ErrorMsg for an exception thrown while talking to `owner` about (name, step).
   transport::ErrorMsg error_of(const std::exception& e, int owner, const std::string& name,
@@ -141,9 +151,11 @@ class Relay {
   struct Subscription {
     RelayStep prototype;
     std::function<void(RelayStep)> deliver;
+    bool unasked_updates = false;  // the domain pushes nothing: the owner sends updates unasked
   };
-  std::mutex subscriptions_mu_;
+  std::mutex subscriptions_mu_;  // subscriptions_ and in_flight_
   std::map<std::string, Subscription> subscriptions_;
+  std::set<std::pair<std::string, int64_t>> in_flight_;  // forwarded, answer not taken yet
   std::map<int, std::vector<transport::RegisterParam>> registered_;  // by owner; sender thread
   Queue sender_, waiter_;
   std::thread sender_thread_, waiter_thread_;

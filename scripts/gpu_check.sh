@@ -16,6 +16,9 @@
 #        test_server_integration (ServerIntegrationGpu.*)  the server end to end: muon-offloadd
 #                            --backend cuda with 2 client processes on CUDA IPC (device buffers)
 #                            and one on shm, bitwise = the CUDA kernels in process
+#        test_pool_relay (PoolRelayGpu.*)  two GPU servers on one GPU, each owner of half the
+#                            parameters and relay of the other half, 4 rank processes on CUDA IPC:
+#                            bitwise = the plan's reduction tree through the CUDA kernels
 #        test_client_cuda_ipc  the client's cuda_ipc plane (device pushes, device updates awaited
 #                            out of order, momentum load/fetch) bitwise = the same run over shm
 #        test_client_nccl    the nccl plane (server and client processes; on one GPU joined over
@@ -92,7 +95,8 @@ section "build"
 # name:folder[:gtest filter] of every test this check runs; GPU tests first.
 gpu_tests=(test_cuda_backend:kernels test_device_muon:kernels test_tile_reduce:kernels
   test_cuda_ipc:transport test_nccl:transport test_device_plane:daemon
-  "test_server_integration:daemon:ServerIntegrationGpu.*" test_client_cuda_ipc:client
+  "test_server_integration:daemon:ServerIntegrationGpu.*" "test_pool_relay:daemon:PoolRelayGpu.*"
+  test_client_cuda_ipc:client
   test_client_nccl:client)
 cpu_tests=(test_kernels:kernels test_transport_handles:transport)
 targets=()

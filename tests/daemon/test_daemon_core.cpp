@@ -321,6 +321,10 @@ TEST(PoolRoutes, MalformedPlansAreRefusedNamingTheField) {
   expect_throw_with<InvalidArgument>(
       [] { PoolRoutes(plan_with("[0, 2, null]", "[0, 2]"), 0, "p"); },
       {"relays has 2 entries for 3 domains"});
+  // A relay must sit in the domain it relays for (one server relays one domain).
+  expect_throw_with<InvalidArgument>(
+      [] { PoolRoutes(plan_with("[0, 2, null]", "[0, 1, null]"), 0, "p"); },
+      {"parameters[0].relays[1] = server 1 is not a server of domain 1"});
   expect_throw_with<InvalidArgument>(
       [] { PoolRoutes(plan_with("\"compute_ranks\": [4]", "\"compute_ranks\": [5]"), 0, "p"); },
       {"compute_ranks[]"});

@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "client_runs.hpp"
+#include "kernels/device_probe.hpp"
 #include "process.hpp"
 #include "scenario.hpp"
 #include "server_process.hpp"
@@ -85,10 +86,12 @@ struct Reference {
   std::vector<std::vector<float>> momentum;              // after the last step
 };
 
-Reference tree_reference(const std::string& mode, int steps) {
+// `kind`: the backend the servers run ("cpu", or "cuda" for the GPU data plane, whose device step
+// is bitwise the CUDA backend's).
+Reference tree_reference(const std::string& mode, int steps, const char* kind = "cpu") {
   BackendConfig bc;
   bc.cpu_threads = kThreads;
-  auto backend = make_backend("cpu", bc);
+  auto backend = make_backend(kind, bc);
   const auto params = scenario_params();
   Reference ref;
   for (const auto& p : params) ref.momentum.emplace_back(static_cast<size_t>(p.numel()), 0.0f);
@@ -156,6 +159,30 @@ TEST_P(PoolRelay, RelayedUpdatesAndOwnersMomentumAreBitwiseTheTreeReduction) {
 // ZeRO-like shards (each rank pushes its rows: a relay forwards only its domain's rows).
 INSTANTIATE_TEST_SUITE_P(Modes, PoolRelay, ::testing::Values("replicated", "rows"));
 
+// The GPU data plane under relays: both servers on the CUDA backend (device reductions; a relay
+// reads its domain's partial sum back to the host and writes the owner's update into device
+// memory before returning it), ranks on CUDA IPC pushing from and receiving into device memory.
+TEST(PoolRelayGpu, RelayedUpdatesOnTheGpuDataPlaneAreBitwiseTheTreeReduction) {
+#if defined(MUON_HAVE_CUDA)
+  if (const auto why = cuda_unavailable_reason(); !why.empty()) GTEST_SKIP() << why;
+#else
+  GTEST_SKIP() << "built without CUDA";
+#endif
+  Pool pool;
+  ServerProcess s0(pool.dir, pool.args(0, {"--backend", "cuda"}), "pool0");
+  ServerProcess s1(pool.dir, pool.args(1, {"--backend", "cuda"}), "pool1");
+  std::vector<ClientRun> runs;
+  for (int r = 0; r < kWorld; ++r) {
+    runs.push_back(start_client(pool.dir, {pool.socket_of_domain(domain_of(r))}, r, kWorld, "rows",
+                                {"--steps", "3", "--data-plane", "cuda_ipc", "--device-buffers"}));
+  }
+  for (auto& run : runs) ASSERT_EQ(wait_exit(run.pid, 120s), 0) << read_err(run.out).message;
+  const auto ref = tree_reference("rows", 3, "cuda");
+  for (int r = 0; r < kWorld; ++r) {
+    expect_bitwise(runs[r].out, ref.updates, 0, 3, "rank " + std::to_string(r));
+  }
+}
+
 TEST(PoolRelayFailure, RankLostInOneDomainFailsTheStepForEveryRankWithinTheTimeout) {
   Pool pool;
   ServerProcess s0(pool.dir, pool.args(0, {"--step-timeout-ms", "3000"}), "pool0");
@@ -177,6 +204,30 @@ TEST(PoolRelayFailure, RankLostInOneDomainFailsTheStepForEveryRankWithinTheTimeo
     EXPECT_NE(e.message.find(e.code == "timeout" ? "relay server 1" : "rank 3"), std::string::npos)
         << "rank " << r << ": " << e.message;
     expect_bitwise(runs[r].out, ref.updates, 0, 1, "rank " + std::to_string(r));
+  }
+}
+
+TEST(PoolRelayFailure, ServerKilledMidRunFailsTheOtherDomainWithItNamed) {
+  Pool pool;
+  ServerProcess s0(pool.dir, pool.args(0, {"--step-timeout-ms", "3000"}), "pool0");
+  ServerProcess s1(pool.dir, pool.args(1, {"--step-timeout-ms", "3000"}), "pool1");
+  std::vector<ClientRun> runs;
+  for (int r = 0; r < kWorld; ++r) {
+    runs.push_back(start_client(pool.dir, {pool.socket_of_domain(domain_of(r))}, r, kWorld,
+                                "replicated", {"--steps", "100000", "--op-timeout-ms", "60000"}));
+  }
+  std::this_thread::sleep_for(1500ms);  // well into the run
+  s1.kill9();  // domain 1's server: owner of half the parameters, relay of the other half
+  for (int r = 0; r < 2; ++r) {
+    // Domain 0 learns it from its own server: the owner of its relayed parameters is gone, or the
+    // relay of its owned ones is.
+    EXPECT_EQ(wait_exit(runs[r].pid, 60s), 3) << "rank " << r;
+    const auto e = read_err(runs[r].out);
+    EXPECT_TRUE(e.code == "peer_lost" || e.code == "timeout") << e.code << ": " << e.message;
+    EXPECT_NE(e.message.find("server 1"), std::string::npos) << e.message;
+  }
+  for (int r = 2; r < kWorld; ++r) {  // domain 1 lost its server outright
+    EXPECT_NE(wait_exit(runs[r].pid, 60s).value_or(0), 0) << "rank " << r;
   }
 }
 
