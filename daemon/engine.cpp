@@ -866,24 +866,27 @@ void Engine::finish_relayed(RelayStep step) {
   job.shape = p.layout->spec.shape;
   job.applied = step.applied;
   job.update = std::move(step.update);
+  // On the GPU data plane the owner's update goes into the device buffer first, as if computed.
+  if (!step.want.empty()) return_update(p, job, /*upload=*/p.device != nullptr);
+  metrics_.step_done(job.applied ? "applied" : "skipped");
+  if (!step.unasked) metrics_.step_latency(seconds_since(p.step_started));
+  p.update = std::move(job.update);
+  after_steps();
+}
+
+void Engine::return_update(Param& p, NsJob& job, bool upload) {
   try {
-    if (!step.want.empty()) {
-      if (p.device) device_->write_update(*p.device, job.update.data());
-      send_update(job.name, p, job);
-    }
-  } catch (const std::exception& e) {
-    log()->error("parameter '{}' step {}: returning the relayed update failed: {}", job.name,
-                 job.step, e.what());
+    if (upload) device_->write_update(*p.device, job.update.data());
+    send_update(job.name, p, job);
+  } catch (const std::exception& e) {  // a CUDA copy failed: tell the ranks, keep serving
+    log()->error("parameter '{}' step {}: returning the update failed: {}", job.name, job.step,
+                 e.what());
     metrics_.error("backend");
     broadcast(p, {"backend",
                   "returning the update of '" + job.name + "' step " + std::to_string(job.step) +
                       " failed: " + e.what(),
                   job.name, job.step, -1});
   }
-  metrics_.step_done(job.applied ? "applied" : "skipped");
-  if (!step.unasked) metrics_.step_latency(seconds_since(p.step_started));
-  p.update = std::move(job.update);
-  after_steps();
 }
 
 void Engine::finish_jobs(std::vector<NsJob> jobs) {
@@ -901,17 +904,7 @@ void Engine::finish_jobs(std::vector<NsJob> jobs) {
       p.grad = std::move(job.grad);
       continue;
     }
-    try {
-      send_update(job.name, p, job);
-    } catch (const std::exception& e) {  // a CUDA read-back failed: tell the ranks, keep serving
-      log()->error("parameter '{}' step {}: returning the update failed: {}", job.name, job.step,
-                   e.what());
-      metrics_.error("backend");
-      broadcast(p, {"backend",
-                    "returning the update of '" + job.name + "' step " + std::to_string(job.step) +
-                        " failed: " + e.what(),
-                    job.name, job.step, -1});
-    }
+    return_update(p, job, /*upload=*/false);
     metrics_.step_done(job.applied ? "applied" : "skipped");
     if (job.applied) metrics_.newton_schulz(job.shape, job.compute_seconds);
     metrics_.step_latency(seconds_since(p.step_started));

@@ -137,6 +137,10 @@ class Engine {
   /// A relayed step came back from the owner (update or error): returns it to the domain's ranks.
   void finish_relayed(RelayStep step);
   void finish_jobs(std::vector<NsJob> jobs);
+  /// send_update of job's update (first written into the device buffer when `upload`: an update
+  /// that came from the owner); a failed CUDA copy goes to the parameter's ranks as a backend
+  /// error and the server keeps serving.
+  void return_update(Param& p, NsJob& job, bool upload);
   /// After steps finished: answers snapshot requests that waited for them, and a shutdown.
   void after_steps();
   /// The relay toward owners (made on first use).

@@ -20,6 +20,19 @@ class GatedNet(TinyNet):
         return super().forward(idx, targets) + self.gate(self.embed(idx)).pow(2).mean()
 
 
+def finish(outdir, variant, rank, model, opt, losses, sd):
+    """Saves a variant's run (weights, losses, state dict, the server of each Muon parameter),
+    closes the optimizer and waits for the other ranks."""
+    torch.save({"params": [p.detach().clone() for p in model.parameters()],
+                "losses": losses, "state": sd,
+                "servers": {m.name: getattr(m, "server", None)
+                            for m in getattr(opt, "_meta", {}).values()}},
+               os.path.join(outdir, f"{variant}_{rank}.pt"))
+    if hasattr(opt, "close"):
+        opt.close()
+    dist.barrier()
+
+
 def run(rank: int, world: int, init: str, socket: str, outdir: str):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
@@ -40,12 +53,7 @@ def run(rank: int, world: int, init: str, socket: str, outdir: str):
             sd = opt.state_dict()
             opt.load_state_dict(sd)
             losses += train(model, opt, 1, start=4, rank=rank)
-            torch.save({"params": [p.detach().clone() for p in model.parameters()],
-                        "losses": losses, "state": sd},
-                       os.path.join(outdir, f"{variant}_{rank}.pt"))
-            if hasattr(opt, "close"):
-                opt.close()
-            dist.barrier()
+            finish(outdir, variant, rank, model, opt, losses, sd)
     finally:
         dist.destroy_process_group()
 
@@ -76,13 +84,6 @@ def run_pool(rank: int, world: int, init: str, sockets, single: str, outdir: str
             sd = opt.state_dict()
             opt.load_state_dict(sd)
             losses += train(model, opt, 2, start=3, rank=rank)
-            torch.save({"params": [p.detach().clone() for p in model.parameters()],
-                        "losses": losses, "state": sd,
-                        "servers": {m.name: getattr(m, "server", None)
-                                    for m in getattr(opt, "_meta", {}).values()}},
-                       os.path.join(outdir, f"{variant}_{rank}.pt"))
-            if hasattr(opt, "close"):
-                opt.close()
-            dist.barrier()
+            finish(outdir, variant, rank, model, opt, losses, sd)
     finally:
         dist.destroy_process_group()
