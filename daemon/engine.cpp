@@ -5,12 +5,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <tuple>
 
 #include "core/error.hpp"
 #include "transport/auth_token.hpp"
 #include "transport/bf16.hpp"
+#include "transport/endpoint.hpp"
 
 namespace muon::daemon {
 
@@ -30,14 +32,8 @@ std::shared_ptr<spdlog::logger> log() {
 }
 
 // "[0, 1]"; with the job's world size, relays' ranks by name: "[0, 1, relay server 1]".
-std::string ranks_text(const std::vector<int>& ranks, int world_size = 0) {
-  std::string s;
-  for (int r : ranks) {
-    s += (s.empty() ? "" : ", ") + (world_size > 0 && r >= world_size
-                                        ? "relay server " + std::to_string(r - world_size)
-                                        : std::to_string(r));
-  }
-  return "[" + s + "]";
+std::string ranks_text(const std::vector<int>& ranks, int world_size) {
+  return "[" + rank_ids_text(ranks, world_size) + "]";
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -133,6 +129,18 @@ Engine::Engine(asio::io_context& io, ServerConfig config, std::unique_ptr<Backen
           std::to_string(routes_->servers()) + " servers of the plan in id order, got " +
           std::to_string(config_.pool_servers.size()));
     }
+    if (!config_.pool_servers.empty() && !config_.socket_path.empty()) {
+      // The pool names this server too: a swapped --server-id would route every rank wrongly.
+      const auto& own = config_.pool_servers[static_cast<size_t>(config_.server_id)];
+      std::error_code ec;
+      if (!transport::parse_endpoint(own).is_tcp() &&
+          std::filesystem::weakly_canonical(own, ec) !=
+              std::filesystem::weakly_canonical(config_.socket_path, ec)) {
+        throw InvalidArgument(
+            "--pool-servers lists '" + own + "' as server " + std::to_string(config_.server_id) +
+            " (--server-id), but this server listens on '" + config_.socket_path + "'");
+      }
+    }
     log()->info("plan {}: server {} of {}, {} compute ranks, relays {} parameter(s)",
                 config_.plan_path, config_.server_id, routes_->servers(), routes_->world_size(),
                 routes_->relayed());
@@ -166,10 +174,7 @@ Relay& Engine::relay() {
 }
 
 std::string Engine::rank_name(int rank) const {
-  if (world_size_ > 0 && rank >= world_size_) {
-    return "relay server " + std::to_string(rank - world_size_);
-  }
-  return "rank " + std::to_string(rank);
+  return rank_text(rank, world_size_);
 }
 
 std::vector<int> Engine::registrants(const std::string& name, int* relay_owner) const {
@@ -464,7 +469,7 @@ void Engine::on_register(const SessionPtr& s, const Frame& f) {
     if (!p.pending) {
       int relay_owner = -1;
       auto expected = registrants(m.name, &relay_owner);
-      p.pending.emplace(spec, std::move(expected));
+      p.pending.emplace(spec, std::move(expected), world_size_);
       p.relay_owner = relay_owner;
     }
     const bool complete = p.pending->add(s->rank, spec, m.push, m.want);
@@ -1176,6 +1181,13 @@ std::string Engine::status_json() const {
   j["backend"] = std::string(scheduler_.backend().name());
   j["uptime_s"] = metrics_.uptime_seconds();
   j["world_size"] = world_size_;
+  if (routes_) {
+    j["plan"] = {{"path", routes_->source()},
+                 {"server_id", routes_->server_id()},
+                 {"servers", routes_->servers()},
+                 {"world_size", routes_->world_size()},
+                 {"relays", routes_->relayed()}};
+  }
   j["stopping"] = stopping_;
   j["queued"] = scheduler_.queued();
   int64_t in_flight = 0;

@@ -71,10 +71,11 @@ int main(int argc, char** argv) {
   app.add_option("--auth-token-file", config.auth_token_file,
                  "Shared secret TCP clients must send in their hello (a file only its owner can "
                  "read)");
-  app.add_option("--plan", config.plan_path,
-                 "The job's plan (muon-offload plan --json): parameters it names are registered "
-                 "by the ranks it routes here; those this server relays for its domain go to "
-                 "their owner. Needs --server-id");
+  app.add_option(
+      "--plan", config.plan_path,
+      "The job's plan (muon-offload plan ... --output FILE): parameters it names are registered "
+      "by the ranks it routes here; those this server relays for its domain go to "
+      "their owner. Needs --server-id");
   app.add_option("--server-id", config.server_id, "This server's id in --plan")
       ->check(CLI::Range(0, (1 << 16) - 1));
   app.add_option("--pool-servers", config.pool_servers,

@@ -16,4 +16,20 @@ int64_t total_elements(const std::vector<Range>& ranges) {
   return n;
 }
 
+std::string rank_text(int rank, int world_size) {
+  if (world_size > 0 && rank >= world_size) {
+    return "relay server " + std::to_string(rank - world_size);
+  }
+  return "rank " + std::to_string(rank);
+}
+
+std::string rank_ids_text(const std::vector<int>& ranks, int world_size) {
+  std::string s;
+  for (int r : ranks) {
+    const bool relay = world_size > 0 && r >= world_size;
+    s += (s.empty() ? "" : ", ") + (relay ? rank_text(r, world_size) : std::to_string(r));
+  }
+  return s;
+}
+
 }  // namespace muon::daemon

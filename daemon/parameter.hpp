@@ -46,4 +46,10 @@ bool same_spec(const ParameterSpec& a, const ParameterSpec& b);
 /// Sum of range sizes.
 int64_t total_elements(const std::vector<Range>& ranges);
 
+/// "rank 3", or for a relay's rank id (transport::relay_rank: >= world_size, when world_size > 0)
+/// "relay server 1".
+std::string rank_text(int rank, int world_size);
+/// "0, 1, relay server 1": rank ids as in rank_text, without the word "rank".
+std::string rank_ids_text(const std::vector<int>& ranks, int world_size);
+
 }  // namespace muon::daemon

@@ -17,12 +17,6 @@ std::string range_str(int64_t begin, int64_t end) {
   return "[" + std::to_string(begin) + ", " + std::to_string(end) + ")";
 }
 
-std::string ranks_list(const std::vector<int>& ranks) {
-  std::string list;
-  for (int r : ranks) list += (list.empty() ? "" : ", ") + std::to_string(r);
-  return list;
-}
-
 std::string contributors_str(int count) {
   return std::to_string(count) + (count == 1 ? " contributor" : " contributors");
 }
@@ -65,8 +59,9 @@ std::vector<int> all_ranks(const std::string& name, int world_size) {
 PendingRegistration::PendingRegistration(ParameterSpec spec, int world_size)
     : PendingRegistration(spec, all_ranks(spec.name, world_size)) {}
 
-PendingRegistration::PendingRegistration(ParameterSpec spec, std::vector<int> registrants)
-    : spec_(std::move(spec)), registrants_(std::move(registrants)) {
+PendingRegistration::PendingRegistration(ParameterSpec spec, std::vector<int> registrants,
+                                         int world_size)
+    : spec_(std::move(spec)), registrants_(std::move(registrants)), world_size_(world_size) {
   const std::string who = "parameter '" + spec_.name + "'";
   std::sort(registrants_.begin(), registrants_.end());
   registrants_.erase(std::unique(registrants_.begin(), registrants_.end()), registrants_.end());
@@ -89,11 +84,11 @@ int PendingRegistration::slot_of(int rank) const {
 
 bool PendingRegistration::add(int rank, const ParameterSpec& spec, std::vector<Range> push,
                               std::vector<Range> want) {
-  const std::string who = "parameter '" + spec_.name + "' rank " + std::to_string(rank);
+  const std::string who = "parameter '" + spec_.name + "' " + rank_text(rank, world_size_);
   const int slot = slot_of(rank);
   if (slot < 0) {
     throw InvalidArgument(who + ": not expected to register it on this server (registrants: " +
-                          ranks_list(registrants_) + ")");
+                          rank_ids_text(registrants_, world_size_) + ")");
   }
   if (!same_spec(spec, spec_)) {
     std::string field = "options";
@@ -129,7 +124,8 @@ ParameterLayout PendingRegistration::finish(bool partial) const {
   const std::string who = "parameter '" + spec_.name + "'";
   const auto missing = missing_ranks();
   if (!missing.empty()) {
-    throw InvalidArgument(who + ": registration incomplete, missing ranks " + ranks_list(missing));
+    throw InvalidArgument(who + ": registration incomplete, missing ranks " +
+                          rank_ids_text(missing, world_size_));
   }
   // Sweep over the boundaries of every rank's push ranges: between two consecutive boundaries
   // the contributor count is constant. Collapse equal-count neighbours into segments.

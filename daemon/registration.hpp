@@ -19,8 +19,9 @@ class PendingRegistration {
   /// options (muon::validate) or world_size < 1.
   PendingRegistration(ParameterSpec spec, int world_size);
   /// The same with explicit registrants (rank ids >= 0, any order, duplicates ignored; at least
-  /// one). Throws InvalidArgument as above, or for an empty list or a negative id.
-  PendingRegistration(ParameterSpec spec, std::vector<int> registrants);
+  /// one). Throws InvalidArgument as above, or for an empty list or a negative id. `world_size`
+  /// (0: unknown) only names relay ranks in messages ("relay server 1", rank_text).
+  PendingRegistration(ParameterSpec spec, std::vector<int> registrants, int world_size = 0);
 
   /// Adds (or, for a rank that registered before, replaces) one rank's ranges. Ranges are sorted
   /// here; they must lie in [0, numel) and must not overlap within the rank (push and want
@@ -51,6 +52,7 @@ class PendingRegistration {
   int slot_of(int rank) const;
   ParameterSpec spec_;
   std::vector<int> registrants_;                  // ascending, unique
+  int world_size_ = 0;                            // for messages only
   std::vector<std::optional<RankRanges>> ranks_;  // by position in registrants_
 };
 

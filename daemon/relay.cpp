@@ -113,9 +113,9 @@ std::shared_ptr<client::Connection> Relay::connection(int owner) {
   const bool tcp = transport::parse_endpoint(endpoint).is_tcp();
   auto fresh = std::make_shared<client::Connection>(
       endpoint, transport::relay_rank(config_.world_size, config_.server_id), config_.world_size,
-      "muon-offloadd relay " + describe(config_.server_id), config_.connect_timeout,
-      config_.op_timeout, tcp ? config_.remote_plane : config_.local_plane, config_.auth_token,
-      config_.server_id);
+      "muon-offloadd at " + config_.pool[static_cast<size_t>(config_.server_id)],
+      config_.connect_timeout, config_.op_timeout, tcp ? config_.remote_plane : config_.local_plane,
+      config_.auth_token, config_.server_id);
   // Callbacks first (the owner sends unasked updates as soon as a registration is whole again),
   // and in the map before any wait, so that ~Relay can abandon it.
   watch(fresh, owner);

@@ -269,4 +269,8 @@ TEST(PoolRelayFailure, ServerRefusesAPlanWithoutItsPool) {
   const auto pid2 = spawn({MUON_OFFLOADD, "--socket", pool.sock0, "--plan", pool.plan,
                            "--server-id", "2", "--pool-servers", pool.sock0 + "," + pool.sock1});
   EXPECT_EQ(wait_exit(pid2, 20s), 1);
+  // A swapped id: the pool says server 1 listens elsewhere.
+  const auto pid3 = spawn({MUON_OFFLOADD, "--socket", pool.sock0, "--plan", pool.plan,
+                           "--server-id", "1", "--pool-servers", pool.sock0 + "," + pool.sock1});
+  EXPECT_EQ(wait_exit(pid3, 20s), 1);
 }

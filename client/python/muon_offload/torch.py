@@ -476,6 +476,7 @@ class OffloadMuon(_MuonBase):
         # After the base class: it resolved the process group, which gives this rank's domain.
         self._assign = dict(assign or {}) or _plan_targets(os.environ.get("MUON_OFFLOAD_PLAN"),
                                                            _plan_rank(self._pg))
+        self._from_plan = not assign and bool(os.environ.get("MUON_OFFLOAD_PLAN"))
         cuda_params = [p for p in self._muon_params if p.is_cuda]
         # cuda_ipc opens the rings on the current device: the one the parameters live on.
         on_device = (torch.cuda.device(cuda_params[0].device) if cuda_params
@@ -504,6 +505,16 @@ class OffloadMuon(_MuonBase):
     def _register(self, params: Sequence[torch.Tensor]) -> None:
         if self._client is None:
             return
+        unplanned = [self._meta[p].name for p in params if self._meta[p].name not in self._assign]
+        if self._from_plan and unplanned:
+            # Not an error (a plan made for another model still places what it names), but the
+            # plan's relays and owners do not apply to these.
+            warnings.warn(
+                f"MUON_OFFLOAD_PLAN names {len(self._assign)} parameter(s) but not "
+                f"{len(unplanned)} of this optimizer's ({', '.join(unplanned[:4])}"
+                f"{', ...' if len(unplanned) > 4 else ''}): those are placed by cost and pushed "
+                "straight to their server by every rank (check the names, including prefix=)",
+                stacklevel=3)
         for p in params:
             m = self._meta[p]
             if m.name in self._assign:
