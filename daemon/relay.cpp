@@ -43,7 +43,6 @@ Relay::Relay(RelayConfig config, Post post) : config_(std::move(config)), post_(
                           " servers");
   }
   sender_thread_ = std::thread([this] { sender_.run(); });
-  waiter_thread_ = std::thread([this] { waiter_.run(); });
 }
 
 Relay::~Relay() {
@@ -59,13 +58,21 @@ Relay::~Relay() {
     sender_.stopping = true;
   }
   sender_.cv.notify_all();
-  sender_thread_.join();  // every wait it queued is in waiter_ now
+  sender_thread_.join();  // every wait it queued is in a waiter now
+  std::vector<std::thread> threads;
   {
-    std::lock_guard lk(waiter_.mu);
-    waiter_.stopping = true;
+    std::lock_guard lk(waiters_mu_);
+    waiters_stopping_ = true;
+    for (auto& [owner, w] : waiters_) {
+      {
+        std::lock_guard qlk(w->queue.mu);
+        w->queue.stopping = true;
+      }
+      w->queue.cv.notify_all();
+      if (w->thread.joinable()) threads.push_back(std::move(w->thread));
+    }
   }
-  waiter_.cv.notify_all();
-  waiter_thread_.join();
+  for (auto& t : threads) t.join();
   // The connections go first (their readers may still call back into the queues and the
   // subscriptions while they finish), outside the lock their callbacks never take.
   std::map<int, std::shared_ptr<client::Connection>> connections;
@@ -74,6 +81,17 @@ Relay::~Relay() {
     connections.swap(connections_);
   }
   connections.clear();
+}
+
+Relay::Queue& Relay::waiter(int owner) {
+  std::lock_guard lk(waiters_mu_);
+  auto& w = waiters_[owner];
+  if (!w) {
+    w = std::make_unique<Waiter>();
+    // Once ~Relay stopped the waiters, a late callback's task is queued and never run.
+    if (!waiters_stopping_) w->thread = std::thread([q = &w->queue] { q->run(); });
+  }
+  return w->queue;
 }
 
 std::string Relay::describe(int id) const {
@@ -170,7 +188,7 @@ void Relay::watch(const std::shared_ptr<client::Connection>& conn, int owner) {
     }
     st.step = step;
     st.unasked = true;
-    waiter_.push([this, weak, st = std::move(st), deliver]() mutable {
+    waiter(st.owner).push([this, weak, st = std::move(st), deliver]() mutable {
       try {
         if (auto c = weak.lock()) take_update(*c, st);
       } catch (const std::exception& e) {
@@ -283,7 +301,7 @@ void Relay::register_param(int owner, transport::RegisterParam reg,
       return;
     }
     registered_[owner].push_back(reg);
-    waiter_.push([this, owner, conn, id, name = reg.name, done = std::move(done)] {
+    waiter(owner).push([this, owner, conn, id, name = reg.name, done = std::move(done)] {
       try {
         auto ok = conn->wait_register(id, name);
         post_([done, ok] { done(std::nullopt, ok); });
@@ -328,7 +346,8 @@ void Relay::forward(RelayStep step, std::function<void(RelayStep)> done) {
       post_([done, step = std::move(step)]() mutable { done(std::move(step)); });
       return;
     }
-    waiter_.push([this, conn, step = std::move(step), done = std::move(done)]() mutable {
+    const int owner = step.owner;
+    waiter(owner).push([this, conn, step = std::move(step), done = std::move(done)]() mutable {
       try {
         if (!step.want.empty()) take_update(*conn, step);
       } catch (const std::exception& e) {
@@ -366,7 +385,7 @@ void Relay::fetch_momentum(
       return;
     }
     // On the waiter, behind the answers owed before it: the fetch sees every earlier push.
-    waiter_.push([this, owner, conn, name, numel, done] {
+    waiter(owner).push([this, owner, conn, name, numel, done] {
       try {
         int64_t last = -1;
         auto values = conn->fetch_momentum(name, numel, &last);

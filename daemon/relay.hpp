@@ -10,8 +10,8 @@
 //
 // Threads: the io thread only enqueues. A sender thread connects, registers, pushes and commits
 // in the order calls were made (connecting again, and registering every parameter again, after
-// a lost owner); a waiter thread takes the owner's answers in the same order and posts each
-// outcome to the io thread. Nothing here blocks the io thread.
+// a lost owner); one waiter thread per owner takes that owner's answers in the same order and
+// posts each outcome to the io thread. Nothing here blocks the io thread.
 #pragma once
 
 #include <atomic>
@@ -157,8 +157,18 @@ class Relay {
   std::map<std::string, Subscription> subscriptions_;
   std::set<std::pair<std::string, int64_t>> in_flight_;  // forwarded, answer not taken yet
   std::map<int, std::vector<transport::RegisterParam>> registered_;  // by owner; sender thread
-  Queue sender_, waiter_;
-  std::thread sender_thread_, waiter_thread_;
+  Queue sender_;
+  std::thread sender_thread_;
+  /// One waiter thread per owner: a slow or hung owner delays only its own answers.
+  struct Waiter {
+    Queue queue;
+    std::thread thread;
+  };
+  /// The waiter of `owner` (started on first use; any thread).
+  Queue& waiter(int owner);
+  std::mutex waiters_mu_;  // waiters_, waiters_stopping_
+  std::map<int, std::unique_ptr<Waiter>> waiters_;
+  bool waiters_stopping_ = false;
 };
 
 }  // namespace muon::daemon
