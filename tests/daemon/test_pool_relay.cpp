@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "client_runs.hpp"
 #include "kernels/device_probe.hpp"
@@ -121,6 +122,16 @@ struct Pool {
     return a;
   }
   std::string socket_of_domain(int d) const { return d == 0 ? sock0 : sock1; }
+  /// The four rank processes, each on its domain's server; `extra(r)`: rank r's own flags.
+  std::vector<ClientRun> ranks(const std::string& mode,
+                               const std::function<std::vector<std::string>(int)>& extra) const {
+    std::vector<ClientRun> runs;
+    for (int r = 0; r < kWorld; ++r) {
+      runs.push_back(
+          start_client(dir, {socket_of_domain(domain_of(r))}, r, kWorld, mode, extra(r)));
+    }
+    return runs;
+  }
 };
 
 class PoolRelay : public ::testing::TestWithParam<std::string> {};
@@ -132,13 +143,11 @@ TEST_P(PoolRelay, RelayedUpdatesAndOwnersMomentumAreBitwiseTheTreeReduction) {
   Pool pool;
   ServerProcess s0(pool.dir, pool.args(0), "pool0");
   ServerProcess s1(pool.dir, pool.args(1), "pool1");
-  std::vector<ClientRun> runs;
-  for (int r = 0; r < kWorld; ++r) {
-    // Every rank fetches every parameter's momentum at the end: through its own server, which
-    // asks the owner for the relayed ones.
-    runs.push_back(start_client(pool.dir, {pool.socket_of_domain(domain_of(r))}, r, kWorld, mode,
-                                {"--steps", "3", "--fetch-momentum"}));
-  }
+  // Every rank fetches every parameter's momentum at the end: through its own server, which
+  // asks the owner for the relayed ones.
+  auto runs = pool.ranks(mode, [](int) {
+    return std::vector<std::string>{"--steps", "3", "--fetch-momentum"};
+  });
   for (auto& run : runs) ASSERT_EQ(wait_exit(run.pid, 120s), 0) << read_err(run.out).message;
   const auto ref = tree_reference(mode, 3);
   for (int r = 0; r < kWorld; ++r) {
@@ -171,11 +180,9 @@ TEST(PoolRelayGpu, RelayedUpdatesOnTheGpuDataPlaneAreBitwiseTheTreeReduction) {
   Pool pool;
   ServerProcess s0(pool.dir, pool.args(0, {"--backend", "cuda"}), "pool0");
   ServerProcess s1(pool.dir, pool.args(1, {"--backend", "cuda"}), "pool1");
-  std::vector<ClientRun> runs;
-  for (int r = 0; r < kWorld; ++r) {
-    runs.push_back(start_client(pool.dir, {pool.socket_of_domain(domain_of(r))}, r, kWorld, "rows",
-                                {"--steps", "3", "--data-plane", "cuda_ipc", "--device-buffers"}));
-  }
+  auto runs = pool.ranks("rows", [](int) {
+    return std::vector<std::string>{"--steps", "3", "--data-plane", "cuda_ipc", "--device-buffers"};
+  });
   for (auto& run : runs) ASSERT_EQ(wait_exit(run.pid, 120s), 0) << read_err(run.out).message;
   const auto ref = tree_reference("rows", 3, "cuda");
   for (int r = 0; r < kWorld; ++r) {
@@ -187,13 +194,11 @@ TEST(PoolRelayFailure, RankLostInOneDomainFailsTheStepForEveryRankWithinTheTimeo
   Pool pool;
   ServerProcess s0(pool.dir, pool.args(0, {"--step-timeout-ms", "3000"}), "pool0");
   ServerProcess s1(pool.dir, pool.args(1, {"--step-timeout-ms", "3000"}), "pool1");
-  std::vector<ClientRun> runs;
-  for (int r = 0; r < kWorld; ++r) {
+  auto runs = pool.ranks("replicated", [](int r) {
     std::vector<std::string> extra = {"--steps", "3", "--op-timeout-ms", "60000"};
     if (r == 3) extra.insert(extra.end(), {"--die-at-step", "1"});
-    runs.push_back(start_client(pool.dir, {pool.socket_of_domain(domain_of(r))}, r, kWorld,
-                                "replicated", extra));
-  }
+    return extra;
+  });
   EXPECT_EQ(wait_exit(runs[3].pid, 60s), 9);
   const auto ref = tree_reference("replicated", 1);
   for (int r = 0; r < 3; ++r) {
@@ -211,11 +216,9 @@ TEST(PoolRelayFailure, ServerKilledMidRunFailsTheOtherDomainWithItNamed) {
   Pool pool;
   ServerProcess s0(pool.dir, pool.args(0, {"--step-timeout-ms", "3000"}), "pool0");
   ServerProcess s1(pool.dir, pool.args(1, {"--step-timeout-ms", "3000"}), "pool1");
-  std::vector<ClientRun> runs;
-  for (int r = 0; r < kWorld; ++r) {
-    runs.push_back(start_client(pool.dir, {pool.socket_of_domain(domain_of(r))}, r, kWorld,
-                                "replicated", {"--steps", "100000", "--op-timeout-ms", "60000"}));
-  }
+  auto runs = pool.ranks("replicated", [](int) {
+    return std::vector<std::string>{"--steps", "100000", "--op-timeout-ms", "60000"};
+  });
   std::this_thread::sleep_for(1500ms);  // well into the run
   s1.kill9();  // domain 1's server: owner of half the parameters, relay of the other half
   for (int r = 0; r < 2; ++r) {
