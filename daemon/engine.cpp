@@ -177,19 +177,6 @@ std::string Engine::rank_name(int rank) const {
   return rank_text(rank, world_size_);
 }
 
-std::vector<int> Engine::registrants(const std::string& name, int* relay_owner) const {
-  *relay_owner = -1;
-  if (routes_) {
-    if (auto route = routes_->route(name)) {
-      if (route->relayed) *relay_owner = route->owner;
-      return route->registrants;
-    }
-  }
-  std::vector<int> all(static_cast<size_t>(world_size_));
-  for (int r = 0; r < world_size_; ++r) all[static_cast<size_t>(r)] = r;
-  return all;
-}
-
 size_t Engine::pre_hello_tcp_sessions() const {
   size_t n = 0;
   for (const auto& [id, w] : sessions_) {
@@ -467,10 +454,15 @@ void Engine::on_register(const SessionPtr& s, const Frame& f) {
   Param& p = params_[m.name];
   try {
     if (!p.pending) {
-      int relay_owner = -1;
-      auto expected = registrants(m.name, &relay_owner);
-      p.pending.emplace(spec, std::move(expected), world_size_);
-      p.relay_owner = relay_owner;
+      // The plan's route says who registers it here (and whether this server relays it);
+      // otherwise every rank of the job.
+      const auto route = routes_ ? routes_->route(m.name) : std::nullopt;
+      if (route) {
+        p.pending.emplace(spec, route->registrants, world_size_);
+        p.relay_owner = route->relayed ? route->owner : -1;
+      } else {
+        p.pending.emplace(spec, world_size_);
+      }
     }
     const bool complete = p.pending->add(s->rank, spec, m.push, m.want);
     p.waiting.emplace_back(s, f.request_id);

@@ -130,9 +130,7 @@ class Engine {
   void release_reregistrations(Param& p);
   /// Sends register_ok (contributors, last applied step) to every rank waiting for it.
   void answer_registration(Param& p);
-  /// The registrants of `name` here: the plan's route, else every rank of the job. Sets
-  /// *relay_owner to the owner's id when this server relays it (-1 otherwise).
-  std::vector<int> registrants(const std::string& name, int* relay_owner) const;
+
   void start_compute(const std::string& name, Param& p);
   /// A relayed step came back from the owner (update or error): returns it to the domain's ranks.
   void finish_relayed(RelayStep step);
