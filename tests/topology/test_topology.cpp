@@ -5,7 +5,7 @@
 #include <sstream>
 
 #include "core/error.hpp"
-#include "read_text.hpp"
+#include "smi_text.hpp"
 #include "topology/domains.hpp"
 #include "topology/nvidia_smi_topo.hpp"
 
@@ -14,9 +14,8 @@ using namespace muon::topology;
 
 namespace {
 
-std::string fixture(const std::string& name) {
-  return muon::testing::read_text(std::string(MUON_TOPOLOGY_FIXTURES) + "/" + name);
-}
+using muon::testing::expect_topo_error_mentions;
+using muon::testing::topology_fixture;
 
 std::vector<std::vector<int>> domain_gpus(const std::vector<Domain>& ds) {
   std::vector<std::vector<int>> out;
@@ -24,19 +23,10 @@ std::vector<std::vector<int>> domain_gpus(const std::vector<Domain>& ds) {
   return out;
 }
 
-void expect_error_mentions(const std::string& text, const std::string& needle) {
-  try {
-    parse_nvidia_smi_topo(text);
-    FAIL() << "expected an error mentioning " << needle;
-  } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
-
 }  // namespace
 
 TEST(NvidiaSmiTopo, HgxH100IsOneNvswitchDomain) {
-  auto m = parse_nvidia_smi_topo(fixture("hgx_h100.txt"), "node0");
+  auto m = parse_nvidia_smi_topo(topology_fixture("hgx_h100.txt"), "node0");
   ASSERT_EQ(m.gpus.size(), 8u);
   ASSERT_EQ(m.nics.size(), 8u);
   EXPECT_EQ(m.gpus[5].nvlink_peers.size(), 7u);
@@ -54,7 +44,7 @@ TEST(NvidiaSmiTopo, HgxH100IsOneNvswitchDomain) {
 }
 
 TEST(NvidiaSmiTopo, DgxA100WithoutGpuNumaIdColumn) {
-  auto m = parse_nvidia_smi_topo(fixture("dgx_a100.txt"));
+  auto m = parse_nvidia_smi_topo(topology_fixture("dgx_a100.txt"));
   ASSERT_EQ(m.gpus.size(), 8u);
   EXPECT_EQ(m.gpus[0].nvlink_peers.at(7), 12);
   EXPECT_TRUE(m.gpus[7].nvswitch);
@@ -66,7 +56,7 @@ TEST(NvidiaSmiTopo, DgxA100WithoutGpuNumaIdColumn) {
 }
 
 TEST(NvidiaSmiTopo, NvlinkBridgedPairsAreTwoDomains) {
-  auto m = parse_nvidia_smi_topo(fixture("pcie_nvlink_pairs.txt"));
+  auto m = parse_nvidia_smi_topo(topology_fixture("pcie_nvlink_pairs.txt"));
   ASSERT_EQ(m.gpus.size(), 4u);
   EXPECT_FALSE(m.gpus[0].nvswitch);
   EXPECT_EQ(m.gpus[0].nvlink_peers, (std::map<int, int>{{1, 4}}));
@@ -76,7 +66,7 @@ TEST(NvidiaSmiTopo, NvlinkBridgedPairsAreTwoDomains) {
 }
 
 TEST(NvidiaSmiTopo, PcieOnlyFallsBackToOneDomainPerNumaNode) {
-  auto m = parse_nvidia_smi_topo(fixture("pcie_2socket.txt"));
+  auto m = parse_nvidia_smi_topo(topology_fixture("pcie_2socket.txt"));
   ASSERT_EQ(m.gpus.size(), 4u);
   for (const auto& g : m.gpus) EXPECT_TRUE(g.nvlink_peers.empty());
   auto d = find_domains(m);
@@ -88,7 +78,7 @@ TEST(NvidiaSmiTopo, PcieOnlyFallsBackToOneDomainPerNumaNode) {
 TEST(NvidiaSmiTopo, PastedDumpWithIndentGluedCellsAndEmptyAffinity) {
   // As pasted from collect_env: indented lines, "SYSPXB" where nvidia-smi lost a tab, an empty
   // CPU affinity cell on GPU3.
-  auto m = parse_nvidia_smi_topo(fixture("hgx_h100_glued.txt"));
+  auto m = parse_nvidia_smi_topo(topology_fixture("hgx_h100_glued.txt"));
   ASSERT_EQ(m.gpus.size(), 8u);
   EXPECT_EQ(m.gpus[3].numa_node, 0);
   EXPECT_EQ(m.gpus[5].numa_node, 1);
@@ -97,27 +87,27 @@ TEST(NvidiaSmiTopo, PastedDumpWithIndentGluedCellsAndEmptyAffinity) {
 }
 
 TEST(NvidiaSmiTopo, MalformedInputNamesTheLineAndField) {
-  expect_error_mentions("hello\nworld\n", "no header line");
+  expect_topo_error_mentions("hello\nworld\n", "no header line");
   const std::string good =
       "\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\n"
       "GPU0\t X \tNV4\t0-7\t0\n"
       "GPU1\tNV4\t X \t0-7\t0\n";
   EXPECT_EQ(parse_nvidia_smi_topo(good).gpus.size(), 2u);
-  expect_error_mentions(
+  expect_topo_error_mentions(
       "\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\n"
       "GPU0\t X \tNVX\t0-7\t0\n"
       "GPU1\tNV4\t X \t0-7\t0\n",
       "line 2: GPU0: unknown link token 'NVX'");
-  expect_error_mentions(
+  expect_topo_error_mentions(
       "\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\n"
       "GPU0\t X \tNV4\t0-7\t0\n"
       "GPU1\tNV8\t X \t0-7\t0\n",
       "reverse entry differs");
-  expect_error_mentions(
+  expect_topo_error_mentions(
       "\tGPU0\tGPU1\tGPU2\n"
       "GPU0\t X \tNV4\n",
       "2 link cells for 3 columns");
-  expect_error_mentions(
+  expect_topo_error_mentions(
       "\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\n"
       "GPU0\t X \tSYS\t0-7\t0\n",
       "column GPU1 has no row");
