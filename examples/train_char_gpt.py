@@ -142,7 +142,11 @@ def train(rank: int, world: int, args) -> dict:
     data = torch.tensor([stoi[c] for c in text], dtype=torch.long)
     n_val = len(data) // 20
     train_data, val_data = data[:-n_val], data[-n_val:]
-    model = CharGPT(len(chars), args.d_model, args.layers, args.heads, args.context)
+    # --device cuda: rank r on GPU r (modulo the visible ones); gradients, updates and the
+    # optimizer's buffers stay on the device (OffloadMuon pushes from device memory).
+    device = torch.device(args.device if args.device == "cpu"
+                          else f"cuda:{rank % max(1, torch.cuda.device_count())}")
+    model = CharGPT(len(chars), args.d_model, args.layers, args.heads, args.context).to(device)
     opt = make_optimizer(args, model, world)
     warm = max(1, args.steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -153,7 +157,7 @@ def train(rank: int, world: int, args) -> dict:
         ix = torch.randint(len(src) - args.context - 1, (args.batch,), generator=g)
         x = torch.stack([src[i:i + args.context] for i in ix])
         y = torch.stack([src[i + 1:i + 1 + args.context] for i in ix])
-        return x, y
+        return x.to(device), y.to(device)
 
     def allreduce_mean_(flat):
         if world > 1:
@@ -250,6 +254,9 @@ def main(argv=None):
     ap.add_argument("--eval-batches", type=int, default=8)
     ap.add_argument("--log-every", type=int, default=1)
     ap.add_argument("--corpus", default=CORPUS)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="where the model trains (cuda: rank r on GPU r; with GPU servers the "
+                         "launcher sets MUON_OFFLOAD_DATA_PLANE=cuda_ipc)")
     ap.add_argument("--out", help="write losses and measurements here (JSON)")
     args = ap.parse_args(argv)
 
