@@ -1,178 +1,336 @@
 #!/usr/bin/env bash
-# GPU check in one go, for a machine with an NVIDIA GPU (sized for one H200, under 10 minutes):
-#   1. nvidia-smi (fails loudly when there is no usable GPU),
-#   2. Release build with CUDA for sm_90 into build-gpu/ (only the targets below),
-#   3. the GPU tests, each of which must run, not skip, here:
-#        test_cuda_backend   CUDA backend (host API) vs the CPU oracle
-#        test_device_muon    device Muon step: momentum bitwise = host, vs the CPU oracle, bitwise
-#                            = the host API, CUDA-graph replay and stream priorities bitwise
-#        test_tile_reduce    device tile reduction bitwise = the server's StepReducer
-#        test_cuda_ipc       CUDA IPC between two processes on one GPU (ring slots both ways, a
-#                            region at an offset inside a larger allocation)
-#        test_nccl           NCCL send/receive (one rank to itself; init timeout); its two-process
-#                            test needs 2 GPUs and may skip for that reason alone
-#        test_device_plane   the server's GPU data plane: device reduction bitwise = the host
-#                            StepReducer, device steps bitwise = DeviceMuon, non-finite handling
-#        test_server_integration (ServerIntegrationGpu.*)  the server end to end: muon-offloadd
-#                            --backend cuda with 2 client processes on CUDA IPC (device buffers)
-#                            and one on shm, bitwise = the CUDA kernels in process
-#        test_pool_relay (PoolRelayGpu.*)  two GPU servers on one GPU, each owner of half the
-#                            parameters and relay of the other half, 4 rank processes on CUDA IPC:
-#                            bitwise = the plan's reduction tree through the CUDA kernels
-#        test_client_cuda_ipc  the client's cuda_ipc plane (device pushes, device updates awaited
-#                            out of order, momentum load/fetch) bitwise = the same run over shm
-#        test_client_nccl    the nccl plane (server and client processes; on one GPU joined over
-#                            loopback sockets through distinct NCCL_HOSTIDs) bitwise = shm; may
-#                            skip only if NCCL still refuses the pair (reported)
-#      plus the CPU suites they lean on (test_kernels, test_transport_handles),
-#   4. the benchmarks: muon_bench's CUDA rows (Newton-Schulz from host memory vs cuBLAS bf16 GEMM)
-#      and muon_gpu_bench (IPC tile copy vs device-to-device copy; device Muon step vs cuBLAS
-#      bf16 GEMM; a GPT-2 small step through a live CUDA server vs in process), with the issue-6
-#      targets checked in a summary (reported, not failed on:
-#      NS >= 0.6 of the GEMM rate for shapes with min(rows, cols) >= 2048; IPC >= 0.8 of D2D).
-# Writes everything to ${OUT:-build-gpu}/gpu_report.txt (plus one XML file per test).
-# Exit status: 0 when every test ran and passed, 1 otherwise, 2 when no GPU is usable.
-# Environment: OUT (report folder), JOBS (build parallelism, default nproc),
-#              BENCH_FILTER (muon_bench rows, default: cuda), GPU_BENCH_FILTER (muon_gpu_bench
-#              rows, default: all), CUDA_ARCH (default 90).
+# The GPU check, in one go, for the GPU machine: one H200, 16 cores; nvcc, CMake, ninja and a
+# Python with torch, none of Debian's -dev packages, no network. It needs .gpu-bundle/ (made here by
+# scripts/gpu_bundle.py pack, carried there; README "GPU check") and takes at most BUDGET_S seconds
+# (default 470), each stage under its own limit inside that. Stages, in priority order:
+#   machine    nvidia-smi (exit 2 without a usable GPU), topology, nvcc, torch, compute-sanitizer
+#   setup      the prebuilt build of the bundle when it is this tree's and every binary loads
+#              (ldd -r) against the bundle's libraries and torch's CUDA wheels (cuBLAS, NCCL);
+#              else a Release sm_90 build here from the bundle's headers and libraries, all cores
+#   kernels    the CPU oracle suites, then ctest -L gpu_kernels: the CUDA backend, the device Muon
+#              step and the device tile reduction against the CPU oracle
+#   cuda_ipc   ctest -L gpu_cuda_ipc: CUDA IPC between processes, the server's GPU data plane,
+#              muon-offloadd --backend cuda end to end (ranks on CUDA IPC and shm), pool relays,
+#              the client's cuda_ipc plane
+#   nccl       ctest -L gpu_nccl: NCCL send/receive, the nccl data plane
+#   scenarios  every other test labelled gpu (the issue-19 scenario tests)
+#   python     with this machine's own torch: the pytest GPU cases of the data planes,
+#              scripts/gpu_python_check.py (OffloadMuon on CUDA tensors over cuda_ipc against the
+#              CPU oracle, bf16 tolerance), a few steps of examples/train_char_gpt.py on the GPU
+#   bench      muon_bench's CUDA rows and muon_gpu_bench, with the issue-6 targets summarised
+#   sanitizer  every gpu-labelled test once under compute-sanitizer memcheck, then racecheck
+# A GPU test that skips fails the check, except the ones a one-GPU machine cannot run (needs 2
+# CUDA devices; NCCL refusing two ranks on one GPU), which are reported.
+#
+# Usage: scripts/gpu_check.sh [--dry-run] [--build-dir DIR] [--prepare | --build-only]
+#   --dry-run       run every stage on a machine without a GPU: GPU tests skip and are reported,
+#                   not failed (this is how the script is checked here, on the CPU build)
+#   --build-dir DIR use an existing build (here: build/ of scripts/test.sh) instead of the bundle
+#   --prepare       stop after setup (the bundle unpacked, its binaries loading); no GPU needed
+#   --build-only    set up through the fallback build (prebuilt build ignored), then stop
+# Environment: OUT (report folder; default build-gpu-report/), BUDGET_S, JOBS (default nproc),
+#   STAGES (a subset of: kernels cuda_ipc nccl scenarios python bench sanitizer), PYTHON (the
+#   Python with torch; default python3), FALLBACK=1 (build here even if the prebuilt fits),
+#   BENCH_FILTER (muon_bench rows, default cuda), GPU_BENCH_FILTER (muon_gpu_bench rows).
+# Writes, as it goes: $OUT/gpu_report.txt (results), $OUT/gpu_full.log (all output),
+#   $OUT/gpu_env.sh (the library path and build the stages use), $OUT/bench_muon.json,
+#   $OUT/bench_gpu.json (Google Benchmark JSON), $OUT/char_gpt.json: 6 files (8 come back).
+# Exit status: 0 when every stage that ran passed, 1 otherwise, 2 when no GPU is usable.
 set -uo pipefail
 
 cd "$(dirname "$0")/.." || exit 2
-BUILD=build-gpu
-OUT_DIR="${OUT:-$BUILD}"
-REPORT="$OUT_DIR/gpu_report.txt"
-JOBS="${JOBS:-$(nproc)}"
-BENCH_FILTER="${BENCH_FILTER:-cuda}"
-GPU_BENCH_FILTER="${GPU_BENCH_FILTER:-.}"
-CUDA_ARCH="${CUDA_ARCH:-90}"
+ROOT=$PWD
+T0=$(date +%s)
+BUDGET_S=${BUDGET_S:-470}
+DEADLINE=$((T0 + BUDGET_S))
+OUT_DIR=${OUT:-$ROOT/build-gpu-report}
+REPORT=$OUT_DIR/gpu_report.txt
+FULL=$OUT_DIR/gpu_full.log
+JOBS=${JOBS:-$(nproc)}
+STAGES=${STAGES:-kernels cuda_ipc nccl scenarios python bench sanitizer}
+PYTHON=${PYTHON:-python3}
+BENCH_FILTER=${BENCH_FILTER:-cuda}
+GPU_BENCH_FILTER=${GPU_BENCH_FILTER:-.}
+BUNDLE=$ROOT/.gpu-bundle
+RUN_DIR=$BUNDLE/run            # unpacked: lib/ (runtime libraries), deps/ (fallback build)
+CANON=/tmp/muon-offload-gpu    # the prebuilt build's source path: a link to this tree
+WORK=$(mktemp -d /tmp/muon-gpu-check.XXXXXX)
+DRY_RUN=0 MODE=check BUILD=""
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --dry-run) DRY_RUN=1 ;;
+    --prepare) MODE=prepare ;;
+    --build-only) MODE=build_only ;;
+    --build-dir) BUILD=$(cd "$2" && pwd) || exit 2; shift ;;
+    -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+    *) echo "gpu_check: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
 mkdir -p "$OUT_DIR"
 : >"$REPORT"
+: >"$FULL"
 
-log() { echo "$@" | tee -a "$REPORT"; }
-section() { log ""; log "==== $* ($(date -u +%H:%M:%S)) ===="; }
-# run LIMIT_S CMD...: runs CMD with a time limit, output to the terminal and the report.
+log() { echo "$@" | tee -a "$REPORT" "$FULL"; }
+section() { log ""; log "==== $* (t=$(($(date +%s) - T0))s) ===="; }
+left() { echo $((DEADLINE - $(date +%s))); }
+# run LIMIT_S CMD...: CMD with a time limit (cut to what is left of the budget), output to the
+# full log only; returns CMD's status (124 when it ran out of time).
 run() {
-  local limit=$1
+  local limit=$1 l
   shift
-  timeout --kill-after=10 "$limit" "$@" 2>&1 | tee -a "$REPORT"
+  l=$(left)
+  ((limit > l)) && limit=$l
+  ((limit < 5)) && { echo "out of budget: $*" >>"$FULL"; return 124; }
+  echo "\$ $*" >>"$FULL"
+  timeout --kill-after=10 "$limit" "$@" >>"$FULL" 2>&1
+}
+# shown LIMIT_S CMD...: the same, output to the report too.
+shown() {
+  local limit=$1 l
+  shift
+  l=$(left)
+  ((limit > l)) && limit=$l
+  ((limit < 5)) && { log "out of budget: $*"; return 124; }
+  echo "\$ $*" >>"$FULL"
+  timeout --kill-after=10 "$limit" "$@" 2>&1 | tee -a "$REPORT" "$FULL"
   return "${PIPESTATUS[0]}"
 }
-# has_target NAME: the build folder has a target NAME (Makefiles: "... NAME", Ninja: "NAME: ...").
-# The list is read once into a variable: piping cmake into `grep -q` under pipefail fails on the
-# SIGPIPE cmake gets when grep stops reading at the first match.
-target_list=""
-has_target() {
-  [[ -n $target_list ]] || target_list=$(cmake --build "$BUILD" --target help 2>/dev/null)
-  grep -qE "^(\.\.\. )?$1(:|\$| )" <<<"$target_list"
+declare -A RESULT=()
+ORDER=()
+result() {  # result STAGE STATUS NOTE: one line of the closing table
+  RESULT[$1]="$2${3:+  ($3)}"
+  ORDER+=("$1")
+  log "RESULT $1: $2${3:+ ($3)}"
 }
+wanted() { [[ " $STAGES " == *" $1 "* ]]; }
 
 section "muon-offload GPU check"
-log "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (dirty)')"
-log "host: $(hostname)  date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+log "tree: $ROOT$([[ -d .git ]] && command -v git >/dev/null && echo " at $(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet 2>/dev/null || echo ' (dirty)')")"
+log "host: $(hostname)  date: $(date -u +%Y-%m-%dT%H:%M:%SZ)  cores: $(nproc)  budget: ${BUDGET_S}s  mode: $MODE$([[ $DRY_RUN = 1 ]] && echo ', dry run')"
+log "stages: $STAGES"
 
-section "nvidia-smi"
-if ! run 60 nvidia-smi; then
-  log "FATAL: nvidia-smi failed: no usable NVIDIA GPU on this machine; nothing was built." >&2
+# ---- machine --------------------------------------------------------------------------------
+section "machine"
+HAVE_GPU=0
+if command -v nvidia-smi >/dev/null && shown 60 nvidia-smi; then
+  HAVE_GPU=1
+  shown 30 nvidia-smi topo -m || true
+  nvidia-smi topo -m >"$WORK/topo.txt" 2>/dev/null || true
+fi
+if [[ $HAVE_GPU = 0 && $MODE = check && $DRY_RUN = 0 ]]; then
+  log "FATAL: nvidia-smi failed: no usable NVIDIA GPU on this machine (use --dry-run to run the stages anyway)"
   exit 2
 fi
-run 30 nvidia-smi topo -m || true
-NVCC=/usr/local/cuda/bin/nvcc
-[[ -x $NVCC ]] || NVCC=nvcc
-run 30 "$NVCC" --version || true
+[[ $HAVE_GPU = 0 ]] && log "no usable GPU here: GPU tests will skip"
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+NVCC=$(command -v nvcc || echo "$CUDA_HOME/bin/nvcc")
+log "nvcc: $("$NVCC" --version 2>/dev/null | tail -1 || echo none)"
+log "cmake: $(cmake --version 2>/dev/null | head -1 || echo none); ninja: $(ninja --version 2>/dev/null || echo none); g++: $(g++ --version 2>/dev/null | head -1 || echo none)"
+TORCH_INFO=$("$PYTHON" -c 'import sys, torch; print(sys.version.split()[0], torch.__version__, torch.version.cuda, torch.cuda.is_available())' 2>&1 | tail -1)
+log "python, torch, its CUDA, cuda available: $TORCH_INFO"
+SANITIZER=$(command -v compute-sanitizer || ls "$CUDA_HOME"/bin/compute-sanitizer "$CUDA_HOME"/compute-sanitizer/compute-sanitizer 2>/dev/null | head -1)
+log "compute-sanitizer: ${SANITIZER:-not found}"
 
-section "configure (Release, CUDA ON, sm_$CUDA_ARCH)"
-cmake_args=(-S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DMUON_OFFLOAD_CUDA=ON
-  -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH" -DMUON_OFFLOAD_TESTS=ON)
-if ! run 180 cmake "${cmake_args[@]}" -DMUON_OFFLOAD_BENCH=ON; then
-  log "configure with benchmarks failed (Google Benchmark missing?); retrying without them"
-  if ! run 180 cmake "${cmake_args[@]}" -DMUON_OFFLOAD_BENCH=OFF; then
-    log "FATAL: configure failed" >&2
-    exit 1
-  fi
-fi
+# ---- setup: libraries, then the prebuilt build or the fallback build -------------------------
+section "setup"
+# torch's CUDA wheels (nvidia/cu13/lib: cudart, cuBLAS; nvidia/nccl/lib: NCCL) serve our binaries.
+SITE=$("$PYTHON" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))' 2>/dev/null)
+WHEEL_LIBS=""
+for d in "$SITE"/nvidia/*/lib; do [[ -d $d ]] && WHEEL_LIBS+="${WHEEL_LIBS:+:}$d"; done
+NCCL_ROOT=""
+[[ -e $SITE/nvidia/nccl/lib/libnccl.so.2 ]] && NCCL_ROOT=$SITE/nvidia/nccl
+log "torch's CUDA libraries: ${WHEEL_LIBS:-none found}; NCCL: ${NCCL_ROOT:-not in the wheels}"
+export LD_LIBRARY_PATH="$RUN_DIR/lib${WHEEL_LIBS:+:$WHEEL_LIBS}:$CUDA_HOME/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
-section "build"
-# name:folder[:gtest filter] of every test this check runs; GPU tests first.
-gpu_tests=(test_cuda_backend:kernels test_device_muon:kernels test_tile_reduce:kernels
-  test_cuda_ipc:transport test_nccl:transport test_device_plane:daemon
-  "test_server_integration:daemon:ServerIntegrationGpu.*" "test_pool_relay:daemon:PoolRelayGpu.*"
-  test_client_cuda_ipc:client
-  test_client_nccl:client)
-cpu_tests=(test_kernels:kernels test_transport_handles:transport)
-targets=()
-for t in "${gpu_tests[@]}" "${cpu_tests[@]}"; do
-  name=${t%%:*}
-  if has_target "$name"; then
-    targets+=("$name")
-  else
-    log "no target $name in this configuration (NCCL missing?): not built"
-  fi
-done
-for helper in cuda_ipc_child nccl_peer_child muon-offloadd muon_test_client muon_bench muon_gpu_bench; do
-  if has_target "$helper"; then targets+=("$helper"); fi
-done
-if ! run 420 cmake --build "$BUILD" -j "$JOBS" --target "${targets[@]}"; then
-  log "FATAL: build failed" >&2
-  exit 1
-fi
-
-status=0
-# The only skips a GPU test may report here: the two-process NCCL transport test on a one-GPU
-# machine, and the nccl data plane test if NCCL refuses two ranks on one GPU even as two hosts.
-allowed_skip='needs 2 CUDA devices|NCCL refused the session'
-for t in "${gpu_tests[@]}" "${cpu_tests[@]}"; do
-  IFS=: read -r name dir filter <<<"$t"
-  bin="$BUILD/tests/$dir/$name"
-  section "$name"
-  if [[ ! -x $bin ]]; then
-    log "RESULT: $name was not built: FAILED"
-    status=1
-    continue
-  fi
-  test_log="$OUT_DIR/$name.log"
-  run 240 "$bin" --gtest_output="xml:$OUT_DIR/$name.xml" --gtest_filter="${filter:-*}" | tee "$test_log"
-  test_rc=${PIPESTATUS[0]}
-  # One "[  SKIPPED ] Suite.Test (N ms)" line per skipped test, its reason on the lines before.
-  skips=$(grep -cE '^\[  SKIPPED \] [A-Za-z].* \([0-9]+ ms\)' "$test_log" || true)
-  allowed=$(grep -cE "$allowed_skip" "$test_log" || true)
-  if [[ $test_rc -ne 0 ]]; then
-    log "RESULT: $name FAILED (exit $test_rc)"
-    status=1
-  elif [[ $skips -gt 0 && $allowed -lt $skips ]]; then
-    log "RESULT: $name SKIPPED tests on a GPU machine (see the reasons above): FAILED"
-    status=1
-  elif [[ $skips -gt 0 ]]; then
-    log "RESULT: $name passed ($skips test(s) skipped only for want of a second GPU)"
-    grep -E "$allowed_skip" "$test_log" | head -3 | tee -a "$REPORT" >/dev/null
-  else
-    log "RESULT: $name passed"
-  fi
-  rm -f "$test_log"
-done
-
-bench_log="$OUT_DIR/bench.log"
-: >"$bench_log"
-# bench NAME LIMIT_S FILTER: runs bench/NAME (when built) into the report and bench_log.
-bench() {
-  if [[ ! -x $BUILD/bench/$1 ]]; then
-    log "no bench/$1 binary: skipped"
-  elif ! run "$2" "$BUILD/bench/$1" --benchmark_filter="$3" | tee -a "$bench_log"; then
-    log "$1 failed or ran out of time ($2 s)"
-    status=1
+unpack() {  # unpack ARCHIVE DEST: tar's xz, else Python's
+  mkdir -p "$2"
+  if command -v xz >/dev/null; then tar -xJf "$BUNDLE/$1" -C "$2"; else
+    "$PYTHON" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$BUNDLE/$1" "$2"
   fi
 }
-section "benchmarks: muon_bench (Newton-Schulz from host memory vs cuBLAS bf16 GEMM)"
-bench muon_bench 150 "$BENCH_FILTER"
-section "benchmarks: muon_gpu_bench (IPC tile copy vs D2D; device Muon step vs cuBLAS bf16 GEMM; a GPT-2 small step through a live CUDA server vs in process)"
-bench muon_gpu_bench 180 "$GPU_BENCH_FILTER"
+link_canonical() {
+  if [[ -L $CANON || ! -e $CANON ]]; then ln -sfn "$ROOT" "$CANON"; else
+    log "$CANON exists and is not a link: the prebuilt build cannot be used"; return 1
+  fi
+}
+prebuilt() {
+  [[ -f $BUNDLE/MANIFEST.json && -f $BUNDLE/prebuilt.tar.xz ]] || { log "no bundle in $BUNDLE"; return 1; }
+  shown 60 "$PYTHON" scripts/gpu_bundle.py verify || return 1
+  rm -rf "$RUN_DIR/lib" "$ROOT/build-gpu-prebuilt"
+  unpack runtime-libs.tar.xz "$RUN_DIR" && unpack prebuilt.tar.xz "$ROOT" || { log "unpacking failed"; return 1; }
+  link_canonical || return 1
+  shown 120 "$PYTHON" scripts/gpu_bundle.py ldcheck "$CANON/build-gpu-prebuilt" || return 1
+  BUILD=$CANON/build-gpu-prebuilt
+}
+fallback() {
+  [[ -f $BUNDLE/build-deps.tar.xz ]] || { log "no build-deps.tar.xz in $BUNDLE: cannot build here"; return 1; }
+  rm -rf "$RUN_DIR"
+  unpack runtime-libs.tar.xz "$RUN_DIR" && unpack build-deps.tar.xz "$RUN_DIR" || { log "unpacking failed"; return 1; }
+  local deps=$RUN_DIR/deps/usr args
+  mapfile -t args < <("$PYTHON" scripts/gpu_bundle.py cmake-args)
+  local nccl_args=()
+  if [[ -n $NCCL_ROOT ]]; then
+    nccl_args=(-DMUON_NCCL_ROOT="$NCCL_ROOT" -DMUON_NCCL_LIBRARY="$NCCL_ROOT/lib/libnccl.so.2")
+    [[ -f $NCCL_ROOT/include/nccl.h ]] || nccl_args+=(-DMUON_NCCL_INCLUDE_DIR="$RUN_DIR/deps/nccl/include")
+  fi
+  local inc="$deps/include;$deps/include/x86_64-linux-gnu"
+  shown 120 cmake -S "$ROOT" -B "$ROOT/build-gpu" -G Ninja "${args[@]}" -DCMAKE_PREFIX_PATH="$deps" \
+    -DCMAKE_CXX_STANDARD_INCLUDE_DIRECTORIES="$inc" -DCMAKE_CUDA_STANDARD_INCLUDE_DIRECTORIES="$inc" \
+    "${nccl_args[@]}" | grep -E "muon-offload:|Error|error|warning: " || true
+  [[ -f $ROOT/build-gpu/build.ninja ]] || { log "FATAL: configure failed (see gpu_full.log)"; return 1; }
+  local t=$(date +%s)
+  run 360 cmake --build "$ROOT/build-gpu" -j "$JOBS" --target muon_gpu_check || { log "FATAL: build failed or ran out of time (see gpu_full.log)"; tail -30 "$FULL" >>"$REPORT"; return 1; }
+  log "fallback build: $(($(date +%s) - t)) s with $JOBS jobs"
+  shown 120 "$PYTHON" scripts/gpu_bundle.py ldcheck "$ROOT/build-gpu" || return 1
+  BUILD=$ROOT/build-gpu
+}
+if [[ -n $BUILD ]]; then
+  log "using the build at $BUILD (--build-dir)"
+  result setup passed "build $BUILD"
+elif [[ $MODE != build_only && ${FALLBACK:-0} != 1 ]] && prebuilt; then
+  result setup passed "prebuilt build from the bundle"
+elif fallback; then
+  result setup passed "built here from the bundle's headers and libraries"
+else
+  result setup FAILED "no build to test"
+  log "GPU CHECK FAILED"
+  exit 1
+fi
+export MUON_OFFLOAD_BIN_DIR=$BUILD MUON_OFFLOAD_LIB=$BUILD/client/libmuon_offload_client.so
+export OPENBLAS_NUM_THREADS=1
+# The environment the stages run in, for running more by hand: source $OUT/gpu_env.sh.
+declare -p LD_LIBRARY_PATH MUON_OFFLOAD_BIN_DIR MUON_OFFLOAD_LIB OPENBLAS_NUM_THREADS |
+  sed 's/^declare -x/export/' >"$OUT_DIR/gpu_env.sh"
+if [[ $MODE != check ]]; then
+  log "GPU CHECK SETUP PASSED ($BUILD); environment: $OUT_DIR/gpu_env.sh"
+  exit 0
+fi
 
-section "targets of issue 6 (reported, not failed on)"
-# Rows: name, then counter=value pairs on the same console line.
-figure() { grep -o "$2=[0-9.]*" <<<"$1" | head -1 | cut -d= -f2; }
-while IFS= read -r line; do
-  name=${line%% *}
-  if [[ $name =~ ^(small|large)/cuda/ns_plain/([0-9]+)x([0-9]+) || $name =~ ^device_step/[a-z]+/([0-9]+)x([0-9]+) ]]; then
-    if [[ $name =~ ([0-9]+)x([0-9]+) ]]; then
+# ---- the test stages -------------------------------------------------------------------------
+STATUS=0
+fail() { STATUS=1; }
+
+# This machine's own `nvidia-smi topo -m` through the parser (topology/nvidia_smi_topo.cpp).
+if [[ -s $WORK/topo.txt ]]; then
+  section "topology: this machine's nvidia-smi topo -m through muon-offload plan"
+  if shown 30 "$BUILD/cli/muon-offload" plan --topology "$WORK/topo.txt" \
+    --model configs/models/gpt2_124m.json --output "$WORK/plan.json"; then
+    result topology passed
+  elif grep -q "nvidia-smi topo text" "$FULL"; then
+    result topology FAILED "the parser refused this machine's text"; fail
+  else
+    result topology "reported" "parsed; the planner declined this machine (see above)"
+  fi
+fi
+# One-GPU machines cannot run these; they are reported, not failed.
+ALLOWED_SKIP='needs 2 CUDA devices|NCCL refused the session'
+summ=(scripts/gpu_check_tests.py summary --allow "$ALLOWED_SKIP")
+[[ $DRY_RUN = 1 ]] && summ+=(--dry-run)
+
+# ctest_stage NAME LIMIT_S DESCRIPTION CTEST_ARGS...: the tests the arguments select, serially,
+# stopped by LIMIT_S (or the budget), one line per test in the report.
+ctest_stage() {
+  local name=$1 limit=$2 what=$3 l
+  shift 3
+  section "$name: $what"
+  l=$(left)
+  ((limit > l)) && limit=$l
+  if ((limit < 15)); then result "$name" "NOT RUN" "out of budget"; return; fi
+  local junit=$WORK/$name.xml stop
+  stop=$(date -d "@$(($(date +%s) + limit))" +%H:%M:%S)
+  echo "\$ ctest $* (until $stop)" >>"$FULL"
+  timeout --kill-after=15 $((limit + 10)) ctest --test-dir "$BUILD" "$@" --output-on-failure \
+    --stop-time "$stop" --output-junit "$junit" >>"$FULL" 2>&1
+  local rc=$?
+  if [[ ! -s $junit ]]; then result "$name" FAILED "ctest wrote no results (exit $rc)"; fail; return; fi
+  if "$PYTHON" "${summ[@]}" "$junit" | tee -a "$REPORT" "$FULL"; then
+    result "$name" passed "$(grep -c '<testcase' "$junit") tests"
+  else
+    result "$name" FAILED "see the lines above"
+    fail
+  fi
+}
+
+if wanted kernels; then
+  section "kernels: the CPU oracle suites"
+  for t in tests/kernels/test_kernels tests/transport/test_transport_handles; do
+    if run 120 "$BUILD/$t" --gtest_brief=1; then log "  PASS  $t"; else log "  FAIL  $t"; fail; fi
+  done
+  ctest_stage kernels 120 "CUDA kernels vs the CPU oracle" -L '^gpu_kernels$'
+fi
+wanted cuda_ipc && ctest_stage cuda_ipc 150 "the server end to end on CUDA IPC" -L '^gpu_cuda_ipc$'
+if wanted nccl; then
+  if grep -q "MUON_NCCL_LIBRARY:FILEPATH=.*nccl" "$BUILD/CMakeCache.txt" 2>/dev/null ||
+    [[ -n $(find "$BUILD/tests/transport" -maxdepth 1 -name test_nccl 2>/dev/null) ]]; then
+    ctest_stage nccl 90 "NCCL" -L '^gpu_nccl$'
+  else
+    section "nccl"
+    result nccl FAILED "this build has no NCCL transport (no NCCL found at configure)"
+    fail
+  fi
+fi
+if wanted scenarios; then
+  if [[ -n $(ctest --test-dir "$BUILD" -N -L '^gpu$' -LE '^gpu_(kernels|cuda_ipc|nccl)$' 2>/dev/null | grep 'Test *#') ]]; then
+    ctest_stage scenarios 120 "the other GPU tests (scenarios)" -L '^gpu$' -LE '^gpu_(kernels|cuda_ipc|nccl)$'
+  else
+    section "scenarios"
+    result scenarios "none" "no other test is labelled gpu in this tree"
+  fi
+fi
+
+if wanted python; then
+  section "python: this machine's torch on the GPU"
+  py_status=passed
+  export PYTHONPATH=$ROOT/client/python${PYTHONPATH:+:$PYTHONPATH}
+  if shown 120 "$PYTHON" -m pytest -q -p no:cacheprovider -rs client/python/tests/test_data_plane.py; then :; else py_status=FAILED; fi
+  if [[ $HAVE_GPU = 1 ]] && grep -q "SKIPPED.*torch sees no CUDA device" "$REPORT"; then
+    log "the pytest GPU cases skipped on a GPU machine"; py_status=FAILED
+  fi
+  req=()
+  [[ $DRY_RUN = 0 ]] && req=(--require-gpu)
+  shown 120 "$PYTHON" scripts/gpu_python_check.py --bin-dir "$BUILD" "${req[@]}" || py_status=FAILED
+  if [[ $HAVE_GPU = 1 ]]; then
+    # A few steps of the example on the GPU (server on the CUDA backend, cuda_ipc plane); the
+    # corpus is this repo's examples/ folder (no fortunes package there).
+    if shown 120 scripts/muon-offload-launch --bin-dir "$BUILD" -- "$PYTHON" examples/train_char_gpt.py \
+      --device cuda --steps 6 --log-every 1 --corpus examples --out "$OUT_DIR/char_gpt.json"; then
+      "$PYTHON" -c 'import json, math, sys
+r = json.load(open(sys.argv[1]))
+losses, val = r["losses"], r["val_loss"]
+ok = all(math.isfinite(x) for x in losses + [val]) and losses[-1] < losses[0]
+print("  char GPT on the GPU: losses", " ".join("%.3f" % x for x in losses), "val %.3f" % val,
+      "ok" if ok else "FAILED (not finite, or not decreasing)")
+sys.exit(0 if ok else 1)' "$OUT_DIR/char_gpt.json" | tee -a "$REPORT" "$FULL" || py_status=FAILED
+    else
+      py_status=FAILED
+    fi
+  else
+    log "  examples/train_char_gpt.py --device cuda: skipped (no GPU)"
+  fi
+  result python "$py_status"
+  [[ $py_status = passed ]] || fail
+fi
+
+if wanted bench; then
+  bench_log=$WORK/bench.log
+  : >"$bench_log"
+  bench() {  # bench NAME LIMIT_S FILTER JSON
+    if [[ ! -x $BUILD/bench/$1 ]]; then log "no bench/$1 binary: skipped"; return 0; fi
+    shown "$2" "$BUILD/bench/$1" --benchmark_filter="$3" --benchmark_out="$OUT_DIR/$4" \
+      --benchmark_out_format=json | tee -a "$bench_log" >/dev/null
+  }
+  section "bench: muon_bench (Newton-Schulz from host memory vs cuBLAS bf16 GEMM)"
+  b1=passed b2=passed
+  bench muon_bench 90 "$BENCH_FILTER" bench_muon.json || b1=FAILED
+  section "bench: muon_gpu_bench (IPC tile copy vs D2D; device Muon step vs cuBLAS; GPT-2 small through a CUDA server)"
+  bench muon_gpu_bench 120 "$GPU_BENCH_FILTER" bench_gpu.json || b2=FAILED
+  section "bench: the targets of issue 6 (reported, not failed on)"
+  figure() { grep -o "$2=[0-9.]*" <<<"$1" | head -1 | cut -d= -f2; }
+  while IFS= read -r line; do
+    name=${line%% *}
+    if [[ $name =~ ^(small|large)/cuda/ns_plain/([0-9]+)x([0-9]+) || $name =~ ^device_step/[a-z]+/([0-9]+)x([0-9]+) ]]; then
+      [[ $name =~ ([0-9]+)x([0-9]+) ]] || continue
       r=${BASH_REMATCH[1]} c=${BASH_REMATCH[2]}
       m=$((r < c ? r : c))
       ratio=$(figure "$line" 'ns_rate/gemm_rate')
@@ -183,21 +341,53 @@ while IFS= read -r line; do
         verdict="(min dim < 2048: no target)"
       fi
       log "$(printf '%-45s ns_rate/gemm_rate %-6s %s' "${name%%/min_time*}" "$ratio" "$verdict")"
+    elif [[ $name =~ ^server_step/ ]]; then
+      ratio=$(figure "$line" 'offload/inprocess')
+      [[ -n $ratio ]] || continue
+      log "$(printf '%-45s offload/inprocess %-6s (no target; >1: the trip through the server costs more than computing in process)' "${name%%/iterations*}" "$ratio")"
+    elif [[ $name =~ ^ipc/copy_in/ ]]; then
+      ratio=$(figure "$line" 'ipc_bw/d2d_bw')
+      [[ -n $ratio ]] || continue
+      verdict=$(awk -v x="$ratio" 'BEGIN { print (x >= 0.8) ? "meets >= 0.8" : "MISSES >= 0.8" }')
+      log "$(printf '%-45s ipc_bw/d2d_bw     %-6s %s' "${name%%/min_time*}" "$ratio" "$verdict")"
     fi
-  elif [[ $name =~ ^server_step/ ]]; then
-    ratio=$(figure "$line" 'offload/inprocess')
-    [[ -n $ratio ]] || continue
-    log "$(printf '%-45s offload/inprocess %-6s (no target; >1: the trip through the server costs more than computing in process)' "${name%%/iterations*}" "$ratio")"
-  elif [[ $name =~ ^ipc/copy_in/ ]]; then
-    ratio=$(figure "$line" 'ipc_bw/d2d_bw')
-    [[ -n $ratio ]] || continue
-    verdict=$(awk -v x="$ratio" 'BEGIN { print (x >= 0.8) ? "meets >= 0.8" : "MISSES >= 0.8" }')
-    log "$(printf '%-45s ipc_bw/d2d_bw     %-6s %s' "${name%%/min_time*}" "$ratio" "$verdict")"
+  done <"$bench_log"
+  if [[ $b1 = passed && $b2 = passed ]]; then result bench passed; else result bench FAILED "a benchmark failed or ran out of time"; fail; fi
+fi
+
+if wanted sanitizer; then
+  section "sanitizer: every GPU test under compute-sanitizer (memcheck, then racecheck)"
+  if [[ -z $SANITIZER ]]; then
+    result sanitizer "NOT RUN" "no compute-sanitizer on this machine"
+  elif [[ $HAVE_GPU = 0 ]]; then
+    result sanitizer "NOT RUN" "no GPU"
+  else
+    san_status=passed
+    mapfile -t groups < <("$PYTHON" scripts/gpu_check_tests.py groups "$BUILD" '^gpu$')
+    for tool in memcheck racecheck; do
+      for g in "${groups[@]}"; do
+        exe=${g%%$'\t'*} filter=${g#*$'\t'}
+        if (($(left) < 20)); then log "  $tool $(basename "$exe"): not run (out of budget)"; san_status="cut short"; continue; fi
+        run 90 "$SANITIZER" --tool "$tool" --target-processes all --error-exitcode 86 --print-limit 20 \
+          "$exe" --gtest_filter="$filter"
+        rc=$?
+        errs=$(grep -o 'ERROR SUMMARY: [0-9]* error' "$FULL" | tail -1 | grep -o '[0-9]*' || true)
+        case $rc in
+          0) log "  $tool $(basename "$exe"): clean" ;;
+          86) log "  $tool $(basename "$exe"): ${errs:-some} ERRORS (see gpu_full.log)"; san_status=FAILED ;;
+          124 | 137) log "  $tool $(basename "$exe"): ran out of time (90 s)"; [[ $san_status = passed ]] && san_status="cut short" ;;
+          *) log "  $tool $(basename "$exe"): tests failed under the sanitizer (exit $rc)"; san_status=FAILED ;;
+        esac
+      done
+    done
+    result sanitizer "$san_status"
+    [[ $san_status = FAILED ]] && fail
   fi
-done <"$bench_log"
-rm -f "$bench_log"
+fi
 
 section "summary"
-log "report: $REPORT"
-if [[ $status -eq 0 ]]; then log "GPU CHECK PASSED"; else log "GPU CHECK FAILED"; fi
-exit "$status"
+for s in "${ORDER[@]}"; do log "$(printf '  %-10s %s' "$s" "${RESULT[$s]}")"; done
+log "elapsed: $(($(date +%s) - T0)) s of ${BUDGET_S} s; report: $REPORT"
+rm -rf "$WORK"
+if [[ $STATUS -eq 0 ]]; then log "GPU CHECK PASSED$([[ $DRY_RUN = 1 ]] && echo ' (dry run: GPU tests skipped)')"; else log "GPU CHECK FAILED"; fi
+exit "$STATUS"
