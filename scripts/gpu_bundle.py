@@ -300,15 +300,18 @@ def build_deps(build_dir: Path, pk: Packages, libs: dict[str, dict]) -> tuple[di
             if "nccl" in os.path.basename(p):
                 nccl.append(p)
     outside = [p for p in headers if not under(p, cuda)]
-    owners = pk.owners(outside)
+    owners = pk.owners(sorted(set(outside) | {os.path.realpath(p) for p in outside}))
     folders: dict[str, set[str]] = {}
     for p in outside:
-        pkg = owners.get(p) or owners.get(os.path.realpath(p))
+        real = os.path.realpath(p)  # through /etc/alternatives (cblas.h) to the package's file
+        pkg = owners.get(p) or owners.get(real)
         if pkg is None:
             die(f"the build read {p}, which belongs to no Debian package")
         if pkg in pk.base:
             continue
-        folders.setdefault(pkg, set()).add(os.path.dirname(p))
+        folders.setdefault(pkg, set()).add(os.path.dirname(real))
+        if real != p:
+            keep(p, pkg)  # the name the build used, as a link to (or copy of) the real file
     for pkg, dirs in folders.items():
         for f in pk.files(pkg):
             if os.path.dirname(f) in dirs and Path(f).suffix in HEADER_SUFFIXES:
@@ -351,9 +354,11 @@ def build_deps(build_dir: Path, pk: Packages, libs: dict[str, dict]) -> tuple[di
             out[str(dst)] = "->" + os.path.relpath(Path("deps") / real.lstrip("/"), dst.parent)
         else:
             out[str(dst)] = real
+    inc = os.path.realpath(cuda / "include")
     for p in nccl:
-        rel = os.path.relpath(p, cuda / "include") if under(p, cuda / "include") else os.path.basename(p)
-        out[str(Path("deps/nccl/include") / rel)] = os.path.realpath(p)
+        real = os.path.realpath(p)
+        rel = os.path.relpath(real, inc) if real.startswith(inc + "/") else os.path.basename(real)
+        out[str(Path("deps/nccl/include") / rel)] = real
     packages = {pkg: {"version": pk.versions.get(pkg, ""), "files": len(v)} for pkg, v in sorted(why.items())}
     return out, packages
 
