@@ -326,8 +326,22 @@ def build_deps(build_dir: Path, pk: Packages, libs: dict[str, dict]) -> tuple[di
     for p, pkg in pk.owners(cfg_files).items():
         for f in pk.files(pkg):
             keep(f, pkg)
+    # ... and what their target files name under ${_IMPORT_PREFIX} (found from an ancestor of the
+    # package folder; CMake checks every one exists): the versioned library files of the runtime
+    # packages (libfmt.so.9.1.0 of libfmt9 for fmt::fmt).
+    for d in cfg_dirs:
+        for cm in Path(d).glob("*.cmake"):
+            for rel in set(re.findall(r"\$\{_IMPORT_PREFIX\}/([^\s\";)]+)", cm.read_text(errors="replace"))):
+                for anc in Path(d).resolve().parents:
+                    cand = anc / rel
+                    if cand.is_file():
+                        pkg = pk.owners([str(cand), os.path.realpath(cand)])
+                        owner = pkg.get(str(cand)) or pkg.get(os.path.realpath(cand)) or "?"
+                        if owner not in pk.base:
+                            keep(str(cand), owner)
+                        break
 
-    # 3. libraries the cache and the link lines name (FindBLAS, imported targets)
+    # 3. libraries the cache and the link lines name (FindBLAS, find modules, imported targets)
     named = {v for k, (t, v) in cache.items() if t == "FILEPATH" and os.path.isfile(v)}
     ninja = build_dir / "build.ninja"
     if ninja.exists():
@@ -340,6 +354,11 @@ def build_deps(build_dir: Path, pk: Packages, libs: dict[str, dict]) -> tuple[di
         if pkg is None or pkg in pk.base:
             continue
         keep(p, pkg)
+        # A library a find module found (FindZLIB, FindCURL for prometheus-cpp): its whole -dev
+        # package, headers included, as the module looks for both.
+        if pkg.endswith("-dev"):
+            for f in pk.files(pkg):
+                keep(f, pkg)
 
     # Links: a file whose real file also travels becomes a relative link to it; a library that
     # lib/ carries too becomes a link into lib/ (one copy of OpenBLAS, not two).
