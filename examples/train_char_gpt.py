@@ -1,13 +1,16 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """A small GPT trained character by character on the fortunes of Debian's `fortunes` package,
 with Muon offloaded to muon-offloadd (--optimizer offload), the same Muon computed in process by
 the same C++ kernels (inprocess), or AdamW alone (adamw).
 
     # one rank, the server started for you:
-    scripts/muon-offload-launch --cpu -- /usr/bin/python3 examples/train_char_gpt.py --steps 200
+    scripts/muon-offload-launch --cpu -- $(scripts/venv-python) examples/train_char_gpt.py --steps 200
     # two ranks (gloo, CPU) spawned here, or torchrun-style (RANK/WORLD_SIZE/MASTER_ADDR/PORT):
-    scripts/muon-offload-launch --cpu -- /usr/bin/python3 examples/train_char_gpt.py --world 2
-    /usr/bin/python3 examples/train_char_gpt.py --optimizer inprocess --world 2 --out in.json
+    scripts/muon-offload-launch --cpu -- $(scripts/venv-python) examples/train_char_gpt.py --world 2
+    $(scripts/venv-python) examples/train_char_gpt.py --optimizer inprocess --world 2 --out in.json
+
+(scripts/venv-python is the project's Python: the venv scripts/install_deps.sh makes, torch from
+PyPI.)
 
 Prints per step: the loss (cross-entropy in nats per character, mean over ranks), tokens/s and
 the optimizer time the trainer waited for (step() plus gradient hooks). --out writes the losses
@@ -29,9 +32,8 @@ import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "client" / "python"))
-# One BLAS/OpenMP thread per rank (2 ranks + the server share 2 cores here). It also keeps torch's
-# matmuls identical between runs: Debian's torch runs on the same OpenBLAS as the Muon kernels,
-# and muon_local_update sets that library's thread count process-wide.
+# One BLAS/OpenMP thread per rank (2 ranks + the server share 2 cores here); it also keeps torch's
+# matmuls identical between runs.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 

@@ -38,7 +38,7 @@ export MUON_OFFLOAD_LIB="$BUILD_DIR/client/libmuon_offload_client.so"
 export MUON_OFFLOAD_BIN_DIR="$BUILD_DIR"
 OUT_DIR=${OUT_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/muon-offload-demo.XXXXXX")}
 mkdir -p "$OUT_DIR"
-PY=/usr/bin/python3
+PY=$(scripts/venv-python)   # the venv install_deps.sh made (torch from PyPI)
 TRAIN=(examples/train_char_gpt.py --world 2 --steps "$STEPS" --log-every 25)
 BACKEND=cpu
 LAUNCH=(scripts/muon-offload-launch --threads 1 --bin-dir "$BUILD_DIR")

@@ -1,7 +1,7 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """End-to-end test of `muon-offload orthogonalize` (and `schedules`) against NumPy.
 
-Usage: /usr/bin/python3 test_orthogonalize_cli.py PATH/TO/muon-offload
+Usage: scripts/venv-python test_orthogonalize_cli.py PATH/TO/muon-offload
 
 The reference is the published formula (Keller Jordan, "Muon", 2024; modded-nanogpt
 zeropower_via_newtonschulz5), in float64:
@@ -9,7 +9,7 @@ zeropower_via_newtonschulz5), in float64:
     transpose when rows > cols
     5 steps of  A = X X^T,  B = b A + c A A,  X = a X + B X   with (a, b, c) = (3.4445, -4.7750, 2.0315)
     U = max(1, rows / cols)^0.5 * X   (scale rule "keller")
-Plain Python with asserts; needs Debian's python3-numpy.
+Plain Python with asserts; needs NumPy (the project's venv, scripts/venv-python).
 """
 import os
 import subprocess

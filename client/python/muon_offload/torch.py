@@ -553,16 +553,13 @@ class OffloadMuon(_MuonBase):
             if opt is not None:
                 opt._on_grad(p)
 
-        if hasattr(p, "register_post_accumulate_grad_hook"):  # torch >= 2.1
-            self._hook_handles.append(p.register_post_accumulate_grad_hook(lambda t: hook()))
-        else:  # the AccumulateGrad node's post hook, as DDP does on older torch
-            acc = p.expand_as(p).grad_fn.next_functions[0][0]
-            self._hook_handles.append((acc, acc.register_hook(hook)))
+        # After the gradient is accumulated into p.grad (torch >= 2.1).
+        self._hook_handles.append(p.register_post_accumulate_grad_hook(lambda t: hook()))
 
     def close(self) -> None:
         """Removes the hooks and disconnects (an orderly goodbye)."""
         for h in self._hook_handles:
-            (h[1] if isinstance(h, tuple) else h).remove()
+            h.remove()
         self._hook_handles = []
         if self._client is not None:
             self._client.close()
