@@ -3,6 +3,18 @@
 // handling (lost ranks, timeouts, bad input) and snapshots. Runs on the io thread only; the
 // worker's results are posted back to it.
 //
+// The member functions live by stage (the data flows top to bottom):
+//   ingress/dispatch.cpp   on_frame and the mapping of exceptions to error codes
+//   ingress/hello.cpp      hello: token, world size, the session's data plane
+//   registry/registry.cpp  registration and re-registration
+//   ingress/push.cpp       push and commit frames into the step's reducer
+//   step/engine_steps.cpp  per-parameter phases (step/param_state.hpp), timers, lost ranks,
+//                          the hand-off to the worker or the owner and the results coming back
+//   egress/egress.cpp      updates and momentum cut into chunks for each rank
+//   state/state.cpp        snapshots, state fetches, momentum loads
+//   observe/observe.cpp    status, metrics refresh, the numeric-health policy call site
+//   engine.cpp             construction, the relay, shutdown
+//
 // Step rules: a parameter's steps are explicit integers; the first step after registration (or
 // restore) may be any number, later ones must follow the last applied step by exactly one. A step
 // whose Newton-Schulz is refused (non-finite gradient under policy `error`) is consumed: momentum
@@ -29,6 +41,7 @@
 #include "daemon/server_config.hpp"
 #include "daemon/session.hpp"
 #include "daemon/snapshot.hpp"
+#include "daemon/step/param_state.hpp"
 #include "daemon/step_reducer.hpp"
 
 namespace muon::daemon {
@@ -71,34 +84,7 @@ class Engine {
   void set_metrics_url(std::string url) { metrics_url_ = std::move(url); }
 
  private:
-  struct Param {
-    std::optional<PendingRegistration> pending;
-    std::vector<std::pair<std::weak_ptr<Session>, uint32_t>> waiting;  // register_ok owed
-    std::optional<ParameterLayout> layout;
-    std::vector<float> momentum;
-    int64_t last_step = -1;
-    std::optional<StepReducer> reducer_buffers;  // one per parameter, reused every step
-    StepReducer* reducer = nullptr;              // the step being gathered, or null
-    std::vector<float> grad, update;             // recycled through each step's NsJob
-    bool computing = false;
-    std::unique_ptr<boost::asio::steady_timer> timer;
-    std::chrono::steady_clock::time_point step_started;  // first chunk of the step gathered
-    uint64_t updates_started = 0;         // steps handed to the worker (numeric-health sampling)
-    std::optional<NumericHealth> health;  // last sample
-    int64_t health_step = -1;             // its step
-    std::optional<double> health_threshold;
-    bool unhealthy = false;  // the last sample exceeded the threshold (warned once)
-    /// GPU data plane: momentum, gradient and update on the device (`momentum` above is then a
-    /// host copy, refreshed for snapshots and state fetches); null on the host path.
-    DeviceParamPtr device;
-    /// The owner's server id when this server relays the parameter for its domain (the plan's
-    /// route): the step's partial sum goes to the owner and its update comes back (no momentum
-    /// here); -1 when this server owns it.
-    int relay_owner = -1;
-    /// Relayed: the registration is complete here but the owner has not answered the relay's
-    /// yet (register_ok waits for it).
-    bool awaiting_owner = false;
-  };
+  using Param = ParamState;
 
   void on_hello(const SessionPtr& s, const transport::Frame& f);
   /// The session's data plane as its hello asks: a shared-memory segment, exported device
@@ -116,9 +102,9 @@ class Engine {
   void load_momentum(const transport::Push& m, Param& p, std::span<const float> values);
   /// Throws InvalidArgument when a gradient push of m.step does not follow the parameter's steps.
   void check_gradient_step(const transport::Push& m, const Param& p) const;
-  /// Opens the step's reducer on its first chunk; leaves p.reducer null (after replying
-  /// peer_lost to `s`) when a contributor is lost.
-  void start_gathering(const SessionPtr& s, const transport::Push& m, Param& p);
+  /// The open step's reducer, opened on the step's first chunk (phase gathering); null (after
+  /// replying peer_lost to `s`) when a contributor is lost.
+  StepReducer* start_gathering(const SessionPtr& s, const transport::Push& m, Param& p);
   /// The host copy of a parameter's momentum, refreshed from the device on the GPU data plane.
   const std::vector<float>& host_momentum(Param& p);
   /// Counts the error in the metrics and sends it to `s`.
@@ -149,7 +135,7 @@ class Engine {
   /// "rank 3", or "relay server 1" for a relay's rank.
   std::string rank_name(int rank) const;
   void send_update(const std::string& name, Param& p, NsJob& job);
-  void drop_step(const std::string& name, Param& p, const transport::ErrorMsg& error,
+  void drop_step(Param& p, const transport::ErrorMsg& error,
                  int except_rank);
   void arm_timer(const std::string& name, Param& p);
   void broadcast(const Param& p, const transport::ErrorMsg& error, int except_rank = -1);

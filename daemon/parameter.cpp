@@ -1,5 +1,7 @@
 #include "daemon/parameter.hpp"
 
+#include <algorithm>
+
 #include "daemon/scheduler.hpp"
 
 namespace muon::daemon {
@@ -30,6 +32,49 @@ std::string rank_ids_text(const std::vector<int>& ranks, int world_size) {
     s += (s.empty() ? "" : ", ") + (relay ? rank_text(r, world_size) : std::to_string(r));
   }
   return s;
+}
+
+std::string ranks_text(const std::vector<int>& ranks, int world_size) {
+  std::string s = "[";
+  s += rank_ids_text(ranks, world_size);
+  s += ']';
+  return s;
+}
+
+std::vector<int64_t> dims_of(const MatrixShape& s) {
+  if (s.batch == 1) return {s.rows, s.cols};
+  return {s.batch, s.rows, s.cols};
+}
+
+bool contributes(const ParameterLayout& l, int rank) {
+  return rank >= 0 && rank < static_cast<int>(l.ranks.size()) && !l.ranks[rank].push.empty();
+}
+
+std::vector<Range> covered(const ParameterLayout& l, std::vector<Range> RankRanges::*field) {
+  std::vector<Range> all;
+  for (const auto& r : l.ranks) all.insert(all.end(), (r.*field).begin(), (r.*field).end());
+  std::vector<Range> out;
+  for (const auto& r : sorted(std::move(all))) {
+    if (!out.empty() && r.begin <= out.back().end) {
+      out.back().end = std::max(out.back().end, r.end);
+    } else {
+      out.push_back(r);
+    }
+  }
+  return out;
+}
+
+std::vector<Range> sorted(std::vector<Range> r) {
+  std::sort(r.begin(), r.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
+  return r;
+}
+
+bool same_ranges(const std::vector<Range>& a, const std::vector<Range>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].begin != b[i].begin || a[i].end != b[i].end) return false;
+  }
+  return true;
 }
 
 }  // namespace muon::daemon

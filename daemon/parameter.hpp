@@ -51,5 +51,22 @@ int64_t total_elements(const std::vector<Range>& ranges);
 std::string rank_text(int rank, int world_size);
 /// "0, 1, relay server 1": rank ids as in rank_text, without the word "rank".
 std::string rank_ids_text(const std::vector<int>& ranks, int world_size);
+/// "[0, 1, relay server 1]": rank_ids_text in brackets.
+std::string ranks_text(const std::vector<int>& ranks, int world_size);
+
+/// The shape as wire dims: [rows, cols], or [batch, rows, cols] when batch > 1.
+std::vector<int64_t> dims_of(const MatrixShape& shape);
+
+/// A rank contributes to a parameter when it pushes at least one element.
+bool contributes(const ParameterLayout& layout, int rank);
+
+/// The union of every rank's push (or want) ranges, merged, ascending.
+std::vector<Range> covered(const ParameterLayout& layout, std::vector<Range> RankRanges::*field);
+
+/// `ranges` sorted by begin.
+std::vector<Range> sorted(std::vector<Range> ranges);
+
+/// True when both lists hold the same ranges in the same order.
+bool same_ranges(const std::vector<Range>& a, const std::vector<Range>& b);
 
 }  // namespace muon::daemon

@@ -1,0 +1,114 @@
+// Egress: a step's update cut into each wanting rank's chunks (device-to-device into a result
+// slot where the session allows, else host bytes), momentum chunks of a state fetch, errors to a
+// parameter's ranks.
+#include "daemon/engine.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "daemon/log.hpp"
+#include "transport/bf16.hpp"
+
+namespace muon::daemon {
+
+using transport::ErrorMsg;
+
+void Engine::broadcast(const Param& p, const ErrorMsg& error, int except_rank) {
+  if (!p.layout) return;
+  for (int r : p.layout->registrants) {
+    if (r == except_rank) continue;
+    if (auto s = session_of(r)) s->send_error(error);
+  }
+}
+
+void Engine::return_update(Param& p, NsJob& job, bool upload) {
+  try {
+    if (upload) device_->write_update(*p.device, job.update.data());
+    send_update(job.name, p, job);
+  } catch (const std::exception& e) {  // a CUDA copy failed: tell the ranks, keep serving
+    log()->error("parameter '{}' step {}: returning the update failed: {}", job.name, job.step,
+                 e.what());
+    metrics_.error("backend");
+    broadcast(p, {"backend",
+                  "returning the update of '" + job.name + "' step " + std::to_string(job.step) +
+                      " failed: " + e.what(),
+                  job.name, job.step, -1});
+  }
+}
+
+void Engine::send_update(const std::string& name, Param& p, NsJob& job) {
+  const DType dt = p.layout->spec.update_dtype;
+  const size_t esize = transport::dtype_bytes(dt);
+  const int64_t per_chunk = static_cast<int64_t>(config_.layout.slot_bytes / esize);
+  // GPU data plane: cuda_ipc sessions get device-to-device copies into their result slots; a
+  // chunk that must wait for a credit, and every chunk of a shm session, goes through host bytes
+  // read back once per step (job.update).
+  bool host_copy = !p.device;
+  const auto host_update = [&]() -> const float* {
+    if (!host_copy) {
+      job.update.resize(static_cast<size_t>(job.shape.numel()));
+      device_->read_update(*p.device, 0, job.shape.numel(), job.update.data());
+      host_copy = true;
+    }
+    return job.update.data();
+  };
+  for (int r = 0; r < static_cast<int>(p.layout->ranks.size()); ++r) {
+    const auto& want = p.layout->ranks[r].want;
+    if (want.empty()) continue;
+    auto s = session_of(r);
+    if (!s) continue;
+    for (size_t w = 0; w < want.size(); ++w) {
+      for (int64_t off = want[w].begin; off < want[w].end; off += per_chunk) {
+        const int64_t count = std::min(per_chunk, want[w].end - off);
+        transport::Update u;
+        u.name = name;
+        u.step = job.step;
+        u.offset = off;
+        u.count = count;
+        u.kind = transport::ChunkKind::gradient;
+        u.last = w + 1 == want.size() && off + count == want[w].end;
+        u.applied = job.applied;
+        const size_t bytes = static_cast<size_t>(count) * esize;
+        metrics_.chunk_returned(transport::ChunkKind::gradient, bytes);
+        if (p.device && s->device_rings && s->send_chunk_direct(u, [&](uint32_t slot) {
+              device_->send_update(*s->device_rings, slot, *p.device, off, count, dt);
+            })) {
+          continue;
+        }
+        std::vector<std::byte> data(bytes);
+        const float* src = host_update() + off;
+        if (dt == DType::f32) {
+          std::memcpy(data.data(), src, data.size());
+        } else {
+          for (int64_t i = 0; i < count; ++i) {
+            const uint16_t h = transport::f32_to_bf16(src[i]);
+            std::memcpy(data.data() + 2 * i, &h, 2);
+          }
+        }
+        s->send_chunk(std::move(u), std::move(data));
+      }
+    }
+  }
+  if (p.device) device_->updates_enqueued(*p.device);
+}
+
+void Engine::send_momentum(const SessionPtr& s, const std::string& name, int64_t last_step,
+                           const float* momentum, int64_t n) {
+  const int64_t per_chunk = static_cast<int64_t>(config_.layout.slot_bytes / 4);
+  for (int64_t off = 0; off < n; off += per_chunk) {
+    const int64_t count = std::min(per_chunk, n - off);
+    std::vector<std::byte> data(static_cast<size_t>(count) * 4);
+    std::memcpy(data.data(), momentum + off, data.size());
+    transport::Update u;
+    u.name = name;
+    u.step = last_step;
+    u.offset = off;
+    u.count = count;
+    u.kind = transport::ChunkKind::momentum;
+    u.last = off + count == n;
+    metrics_.chunk_returned(transport::ChunkKind::momentum, data.size());
+    s->send_chunk(std::move(u), std::move(data));
+  }
+}
+
+}  // namespace muon::daemon

@@ -1,0 +1,150 @@
+// Hello: the TCP token, the job's world size, one session per rank, and the session's data plane
+// (shared memory, exported device rings, or NCCL communicators being joined).
+#include "daemon/engine.hpp"
+
+#include <tuple>
+
+#include "core/error.hpp"
+#include "daemon/log.hpp"
+#include "transport/auth_token.hpp"
+
+namespace muon::daemon {
+
+namespace asio = boost::asio;
+using transport::Frame;
+using transport::MessageType;
+
+size_t Engine::pre_hello_tcp_sessions() const {
+  size_t n = 0;
+  for (const auto& [id, w] : sessions_) {
+    if (auto s = w.lock(); s && s->tcp && s->rank < 0 && !s->closed()) ++n;
+  }
+  return n;
+}
+
+bool Engine::open_data_plane(const SessionPtr& s, const transport::Hello& m, transport::HelloOk& ok,
+                             uint32_t request_id) {
+  if (m.data_plane != transport::DataPlane::shm) {
+    const char* plane = transport::data_plane_name(m.data_plane);
+    if (!device_) {
+      reply_error(s,
+                  {"unsupported",
+                   std::string("data plane ") + plane +
+                       " needs a server on the CUDA backend with its GPU data plane (this one "
+                       "runs the " +
+                       std::string(scheduler_.backend().name()) + " backend" +
+                       (config_.host_staging ? " with --host-staging" : "") +
+                       "); connect with data plane shm",
+                   "", -1, m.rank},
+                  request_id);
+      return false;
+    }
+    const auto& l = config_.layout;
+    DeviceRingsPtr rings;
+    try {
+      rings = m.data_plane == transport::DataPlane::nccl
+                  ? device_->make_nccl_session(l.tx_slots, l.rx_slots, l.slot_bytes)
+                  : device_->make_session_rings(l.tx_slots, l.rx_slots, l.slot_bytes);
+    } catch (const BackendUnavailable& e) {
+      reply_error(s, {"unsupported", e.message(), "", -1, m.rank}, request_id);
+      return false;
+    }
+    // Chunks that waited for a credit: their element size says their dtype (2: bf16).
+    s->use_device_rings(
+        rings, l.rx_slots,
+        [dev = device_.get(), rings](uint32_t slot, const transport::Update& u,
+                                     const std::vector<std::byte>& d) {
+          const bool bf16 = d.size() == 2 * static_cast<size_t>(u.count);
+          dev->send_host(*rings, slot, d.data(), d.size(), bf16 ? DType::bf16 : DType::f32);
+        },
+        m.data_plane == transport::DataPlane::nccl);
+    ok.data_plane = m.data_plane;
+    if (m.data_plane == transport::DataPlane::nccl) {
+      s->nccl = true;
+      s->hold_data_plane();
+      std::tie(ok.nccl_tx_id, ok.nccl_rx_id) = DevicePlane::nccl_ids(*rings);
+      // The client joins both communicators once it has the ids (the server drops one that
+      // does not within the step timeout); results wait as host bytes until then. The callback
+      // runs on the joining thread, which may outlive this Engine: `alive_` says.
+      std::weak_ptr<Session> weak = s;
+      std::weak_ptr<bool> alive = alive_;
+      device_->join_nccl(
+          rings, config_.step_timeout, [&io = io_, weak, alive](const std::string& error) {
+            if (alive.expired()) return;
+            asio::post(io, [weak, alive, error] {
+              auto ss = weak.lock();
+              if (!ss || alive.expired()) return;
+              if (error.empty()) {
+                ss->set_data_plane_ready();
+                return;
+              }
+              log()->warn("session {}: NCCL join failed: {}", ss->id(), error);
+              ss->send_error({"nccl", "joining the session's NCCL communicators failed: " + error,
+                              "", -1, ss->rank});
+              ss->close("nccl join failed");
+            });
+          });
+    } else {
+      ok.tx_ring = DevicePlane::tx_descriptor(*rings);
+      ok.rx_ring = DevicePlane::rx_descriptor(*rings);
+    }
+  } else {
+    s->segment.emplace(transport::ShmSegment::create(config_.layout));
+    ok.shm_name = s->segment->name();
+  }
+  return true;
+}
+
+void Engine::on_hello(const SessionPtr& s, const Frame& f) {
+  if (s->rank >= 0) throw transport::ProtocolError("hello sent twice");
+  auto m = transport::decode<transport::Hello>(f.payload);
+  // The token first: an unauthenticated TCP peer learns nothing (world size, connected ranks).
+  if (s->tcp &&
+      (config_.auth_token.empty() || !transport::tokens_equal(m.token, config_.auth_token))) {
+    log()->warn("session {}: refused a TCP hello of rank {}: wrong or missing token", s->id(),
+                m.rank);
+    reply_error(s,
+                {"unauthorized", "hello over TCP needs the server's token (--auth-token-file)", "",
+                 -1, m.rank},
+                f.request_id);
+    s->close("unauthorized");
+    return;
+  }
+  if (routes_ && m.world_size != routes_->world_size()) {
+    throw transport::ProtocolError("world size mismatch: the plan (" + routes_->source() +
+                                   ") has " + std::to_string(routes_->world_size()) +
+                                   " compute ranks, rank " + std::to_string(m.rank) + " says " +
+                                   std::to_string(m.world_size));
+  }
+  if (world_size_ != 0 && m.world_size != world_size_) {
+    throw transport::ProtocolError(
+        "world size mismatch: this server serves a job of " + std::to_string(world_size_) +
+        " ranks, rank " + std::to_string(m.rank) + " says " + std::to_string(m.world_size));
+  }
+  if (auto other = session_of(m.rank)) {
+    throw transport::ProtocolError("rank " + std::to_string(m.rank) +
+                                   " is already connected (session " + std::to_string(other->id()) +
+                                   ")");
+  }
+  transport::HelloOk ok;
+  if (!open_data_plane(s, m, ok, f.request_id)) return;  // refused: the error went out
+  world_size_ = m.world_size;
+  lost_ranks_.erase(m.rank);
+  s->rank = m.rank;
+  s->world_size = m.world_size;
+  s->client_name = m.client;
+  ranks_[m.rank] = s;
+  ok.session = std::to_string(s->id());
+  ok.server_version = "muon-offloadd " MUON_OFFLOAD_VERSION;
+  ok.tx_slots = config_.layout.tx_slots;
+  ok.rx_slots = config_.layout.rx_slots;
+  ok.slot_bytes = config_.layout.slot_bytes;
+  log()->info("session {}: {} of {} connected ({}, data plane {})", s->id(), rank_name(m.rank),
+              m.world_size, m.client, transport::data_plane_name(ok.data_plane));
+  s->send(MessageType::hello_ok, transport::encode(ok), f.request_id);
+  for (auto& [name, p] : params_) {
+    if (p.layout && !p.waiting.empty()) release_reregistrations(p);
+  }
+}
+
+}  // namespace muon::daemon

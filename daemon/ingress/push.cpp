@@ -1,0 +1,138 @@
+// Push and commit frames: a chunk's slot checked and read (shared memory, or a device slot of the
+// GPU data plane), its step checked, and its values added to the step's reducer.
+#include "daemon/engine.hpp"
+
+#include <cstring>
+
+#include "core/error.hpp"
+#include "daemon/log.hpp"
+#include "transport/bf16.hpp"
+
+namespace muon::daemon {
+
+namespace asio = boost::asio;
+using transport::Frame;
+using transport::MessageType;
+
+void Engine::on_push(const SessionPtr& s, const Frame& f) {
+  // On the nccl plane the client queued the chunk's ncclSend together with the frame: a push
+  // refused before its ncclRecv was posted would leave that send to match the next receive and
+  // shift every later chunk. Such a session ends (after the reply that says why).
+  bool received = false;
+  struct CloseIfUnmatched {
+    asio::io_context& io;
+    const SessionPtr& s;
+    const bool& received;
+    ~CloseIfUnmatched() {
+      if (!s->nccl || received || s->closed()) return;
+      asio::post(io, [s = s] {
+        s->close("a push was refused on the nccl data plane; its transfer cannot be matched");
+      });
+    }
+  } close_if_unmatched{io_, s, received};
+  auto m = transport::decode<transport::Push>(f.payload);
+  if (m.slot >= config_.layout.tx_slots) {
+    throw transport::ProtocolError("push names tx slot " + std::to_string(m.slot) + " of " +
+                                   std::to_string(config_.layout.tx_slots));
+  }
+  // The slot is free again however this push ends: credits are never lost.
+  // A device slot is freed on the GPU too: its free event is recorded after the reads enqueued.
+  struct AckOnExit {
+    const SessionPtr& s;
+    uint32_t slot;
+    DevicePlane* device;
+    ~AckOnExit() {
+      if (s->device_rings) {
+        try {
+          device->end_receive(*s->device_rings, slot);
+        } catch (const std::exception& e) {
+          log()->error("session {}: freeing receive slot {}: {}", s->id(), slot, e.what());
+        }
+      }
+      s->send(MessageType::push_ack, transport::encode(transport::SlotAck{slot}));
+    }
+  } ack{s, m.slot, device_.get()};
+  try {
+    Param& p = registered_param(m.name, s);
+    const auto& spec = p.layout->spec;
+    // Momentum (state loading) always travels as fp32, gradients in their registered dtype.
+    const DType dt = m.kind == transport::ChunkKind::momentum ? DType::f32 : spec.grad_dtype;
+    if (static_cast<uint64_t>(m.count) * transport::dtype_bytes(dt) > config_.layout.slot_bytes) {
+      throw InvalidArgument("push of " + std::to_string(m.count) + " elements of '" + m.name +
+                            "' is larger than a slot");
+    }
+    if (m.offset + m.count > spec.shape.numel()) {
+      throw InvalidArgument("push of '" + m.name + "' elements [" + std::to_string(m.offset) +
+                            ", " + std::to_string(m.offset + m.count) + ") is outside its " +
+                            std::to_string(spec.shape.numel()) + " elements");
+    }
+    const size_t bytes = static_cast<size_t>(m.count) * transport::dtype_bytes(dt);
+    if (s->device_rings) {  // GPU data plane: the slot is device memory of this server
+      const void* slot = device_->begin_receive(*s->device_rings, m.slot, m.count, dt);
+      received = true;
+      if (m.kind == transport::ChunkKind::gradient) {
+        check_gradient_step(m, p);
+        StepReducer* reducer = start_gathering(s, m, p);
+        if (!reducer) return;  // refused (a lost rank): the error went out
+        reducer->begin_attempt(s->rank, m.attempt);
+        reducer->add(s->rank, m.offset,
+                       Contribution{slot, dt == DType::bf16 ? TileDType::bf16 : TileDType::f32,
+                                    true, m.count});
+        metrics_.chunk_received(m.kind, bytes);
+        return;
+      }
+      if (widen_.size() < static_cast<size_t>(m.count)) widen_.resize(static_cast<size_t>(m.count));
+      device_->read_tx_slot(*s->device_rings, m.slot, widen_.data(), bytes);  // momentum: fp32
+      load_momentum(m, p, {widen_.data(), static_cast<size_t>(m.count)});
+      metrics_.chunk_received(m.kind, bytes);
+      return;
+    }
+    // fp32 is read straight from the shared-memory slot (no copy); bf16 is widened into a
+    // reused scratch buffer.
+    const std::byte* src = s->segment->tx_slot(m.slot);
+    std::span<const float> values;
+    if (dt == DType::f32) {
+      values = {reinterpret_cast<const float*>(src), static_cast<size_t>(m.count)};
+    } else {
+      if (widen_.size() < static_cast<size_t>(m.count)) widen_.resize(static_cast<size_t>(m.count));
+      for (int64_t i = 0; i < m.count; ++i) {
+        uint16_t h;
+        std::memcpy(&h, src + 2 * i, 2);
+        widen_[i] = transport::bf16_to_f32(h);
+      }
+      values = {widen_.data(), static_cast<size_t>(m.count)};
+    }
+    if (m.kind == transport::ChunkKind::momentum) {
+      load_momentum(m, p, values);
+      metrics_.chunk_received(m.kind, bytes);
+      return;
+    }
+    check_gradient_step(m, p);
+    StepReducer* reducer = start_gathering(s, m, p);
+    if (!reducer) return;  // refused (a lost rank): the error went out
+    reducer->begin_attempt(s->rank, m.attempt);
+    reducer->add(s->rank, m.offset, values);
+    metrics_.chunk_received(m.kind, bytes);
+  } catch (const InvalidArgument& e) {
+    reply_error(s, {"bad_request", e.message(), m.name, m.step, s->rank}, f.request_id);
+  }
+}
+
+void Engine::on_commit(const SessionPtr& s, const Frame& f) {
+  auto m = transport::decode<transport::Commit>(f.payload);
+  try {
+    Param& p = registered_param(m.name, s);
+    StepReducer* reducer = p.gathering();
+    if (!reducer || reducer->step() != m.step) {
+      throw InvalidArgument("parameter '" + m.name + "': commit of step " + std::to_string(m.step) +
+                            " that has no data from rank " + std::to_string(s->rank));
+    }
+    reducer->begin_attempt(s->rank, m.attempt);
+    reducer->commit(s->rank);
+    if (reducer->complete()) start_compute(m.name, p);
+  } catch (const InvalidArgument& e) {
+    reply_error(s, {"bad_request", e.message(), m.name, m.step, s->rank}, f.request_id);
+  }
+}
+
+}  // namespace muon::daemon

@@ -1,0 +1,190 @@
+// Registration: a parameter's registrations from its registrants (every rank, or the plan's
+// route), its layout once all have registered, a relayed parameter's registration with its owner,
+// and re-registration by ranks that reconnected.
+#include "daemon/engine.hpp"
+
+#include <algorithm>
+
+#include "core/error.hpp"
+#include "daemon/log.hpp"
+
+namespace muon::daemon {
+
+using transport::ErrorMsg;
+using transport::Frame;
+using transport::MessageType;
+
+void Engine::on_register(const SessionPtr& s, const Frame& f) {
+  auto m = transport::decode<transport::RegisterParam>(f.payload);
+  ParameterSpec spec;
+  spec.name = m.name;
+  spec.shape = matrix_shape_from_dims(m.shape, m.name);
+  spec.grad_dtype = m.grad_dtype;
+  spec.update_dtype = m.update_dtype;
+  spec.options = m.options;
+  auto it = params_.find(m.name);
+  if (it != params_.end() && it->second.registered()) {
+    // Re-registration (a client that reconnected): must match what the job registered.
+    Param& p = it->second;
+    const auto& reg = p.layout->registrants;
+    if (!std::binary_search(reg.begin(), reg.end(), s->rank)) {
+      throw InvalidArgument("parameter '" + m.name + "' is registered here without " +
+                            rank_name(s->rank) + " (registrants " + ranks_text(reg, world_size_) +
+                            ")");
+    }
+    const auto& mine = p.layout->ranks.at(s->rank);
+    if (!same_spec(spec, p.layout->spec) || !same_ranges(sorted(m.push), mine.push) ||
+        !same_ranges(sorted(m.want), mine.want)) {
+      throw InvalidArgument("parameter '" + m.name +
+                            "' is already registered with another shape, dtype, options or "
+                            "ranges for rank " +
+                            std::to_string(s->rank));
+    }
+    // Answer once every rank of the job is connected again, so that nobody pushes a step that
+    // needs a rank still restarting.
+    p.waiting.emplace_back(s, f.request_id);
+    release_reregistrations(p);
+    return;
+  }
+  const bool fresh = it == params_.end();
+  Param& p = params_[m.name];
+  try {
+    if (!p.pending) {
+      // The plan's route says who registers it here (and whether this server relays it);
+      // otherwise every rank of the job.
+      const auto route = routes_ ? routes_->route(m.name) : std::nullopt;
+      if (route) {
+        p.pending.emplace(spec, route->registrants, world_size_);
+        p.relay_owner = route->relayed ? route->owner : -1;
+      } else {
+        p.pending.emplace(spec, world_size_);
+      }
+    }
+    const bool complete = p.pending->add(s->rank, spec, m.push, m.want);
+    p.waiting.emplace_back(s, f.request_id);
+    if (complete) {
+      complete_registration(m.name, p);
+    } else if (!p.timer) {
+      arm_timer(m.name, p);
+    }
+  } catch (...) {
+    if (fresh && p.waiting.empty()) params_.erase(m.name);
+    throw;
+  }
+}
+
+void Engine::complete_registration(const std::string& name, Param& p) {
+  auto waiting = std::move(p.waiting);
+  p.waiting.clear();
+  if (p.timer) p.timer->cancel();
+  p.timer.reset();
+  try {
+    p.layout.emplace(p.pending->finish(/*partial=*/p.relayed()));
+  } catch (const InvalidArgument& e) {
+    metrics_.error("bad_request");
+    for (auto& [w, req] : waiting) {
+      if (auto ws = w.lock()) ws->send_error({"bad_request", e.message(), name, -1, -1}, req);
+    }
+    params_.erase(name);
+    return;
+  }
+  p.pending.reset();
+  const auto& shape = p.layout->spec.shape;
+  if (p.relayed()) {  // relayed: the owner keeps the momentum and answers for the job
+    if (device_) p.device = device_->make_param(shape.numel(), false);
+    transport::RegisterParam reg;
+    reg.name = name;
+    reg.shape = dims_of(shape);
+    reg.grad_dtype = p.layout->spec.grad_dtype;
+    reg.update_dtype = p.layout->spec.update_dtype;
+    reg.options = p.layout->spec.options;
+    // The domain's partial sum covers what its ranks push; it wants what they want.
+    reg.push = covered(*p.layout, &RankRanges::push);
+    reg.want = covered(*p.layout, &RankRanges::want);
+    p.waiting = std::move(waiting);
+    log()->info(
+        "parameter '{}' {} registered by ranks {} of this domain; registering it with its "
+        "owner, server {}",
+        name, shape.str(), ranks_text(p.layout->registrants, world_size_), p.relay_owner);
+    p.phase = Phase::awaiting_owner;
+    relay().register_param(
+        p.relay_owner, std::move(reg),
+        [this, name](std::optional<ErrorMsg> error, transport::RegisterOk ok) {
+          auto it = params_.find(name);
+          if (it == params_.end() || it->second.phase != Phase::awaiting_owner) return;
+          Param& q = it->second;
+          if (error) {
+            log()->warn("parameter '{}': the owner refused the relay's registration: {}", name,
+                        error->message);
+            metrics_.error(error->code);
+            for (auto& [w, req] : q.waiting) {
+              if (auto ws = w.lock()) ws->send_error(*error, req);
+            }
+            params_.erase(it);
+            return;
+          }
+          q.phase = Phase::idle;
+          q.last_step = ok.last_step;
+          answer_registration(q);
+        },
+        // What the owner says outside the answers to forwarded steps (unasked updates for a
+        // domain that pushes nothing, errors of steps not forwarded, a restart).
+        [this](RelayStep st) { finish_relayed(std::move(st)); });
+    return;
+  }
+  p.momentum.assign(static_cast<size_t>(shape.numel()), 0.0f);
+  if (auto r = restored_.find(name); r != restored_.end()) {
+    const auto rs = matrix_shape_from_dims(r->second.shape, name);
+    if (rs.batch == shape.batch && rs.rows == shape.rows && rs.cols == shape.cols) {
+      p.momentum = r->second.momentum;
+      p.last_step = r->second.last_step;
+    } else {
+      log()->warn("snapshot holds '{}' as {} but it was registered as {}: starting from zero", name,
+                  rs.str(), shape.str());
+    }
+  }
+  if (device_) {
+    const bool keeps = p.layout->spec.options.momentum.convention != MomentumConvention::none;
+    p.device = device_->make_param(shape.numel(), keeps);
+    if (keeps && p.last_step >= 0) {
+      device_->write_momentum(*p.device, 0, p.momentum.data(), shape.numel());
+    }
+  }
+  log()->info("parameter '{}' {} registered by ranks {}, {} contributor(s) per element", name,
+              shape.str(), ranks_text(p.layout->registrants, world_size_), p.layout->contributors);
+  p.phase = Phase::idle;
+  p.waiting = std::move(waiting);
+  answer_registration(p);
+}
+
+void Engine::answer_registration(Param& p) {
+  const transport::RegisterOk ok{p.layout->spec.name, p.layout->contributors, p.last_step};
+  auto waiting = std::move(p.waiting);
+  p.waiting.clear();
+  for (auto& [w, req] : waiting) {
+    if (auto ws = w.lock()) ws->send(MessageType::register_ok, transport::encode(ok), req);
+  }
+}
+
+void Engine::release_reregistrations(Param& p) {
+  if (p.phase == Phase::awaiting_owner) return;  // the owner answers first (complete_registration)
+  for (int r : p.layout->registrants) {
+    if (!session_of(r)) return;
+  }
+  answer_registration(p);
+}
+
+Engine::Param& Engine::registered_param(const std::string& name, const SessionPtr& s) {
+  auto it = params_.find(name);
+  if (it == params_.end() || !it->second.registered()) {
+    throw InvalidArgument("unknown parameter '" + name + "' (not registered by every rank)");
+  }
+  const auto& reg = it->second.layout->registrants;
+  if (!std::binary_search(reg.begin(), reg.end(), s->rank)) {
+    throw InvalidArgument(rank_name(s->rank) + " is not part of parameter '" + name +
+                          "' on this server (registrants " + ranks_text(reg, world_size_) + ")");
+  }
+  return it->second;
+}
+
+}  // namespace muon::daemon

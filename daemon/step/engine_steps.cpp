@@ -1,0 +1,304 @@
+// The per-parameter step machine (phases: step/param_state.hpp): step checks, the open step and
+// its deadline, the hand-off to the worker (owned) or the owner (relayed), the results coming
+// back, lost ranks and dropped steps.
+#include "daemon/engine.hpp"
+
+#include <algorithm>
+#include <chrono>
+
+#include "core/error.hpp"
+#include "daemon/log.hpp"
+
+namespace muon::daemon {
+
+namespace asio = boost::asio;
+using transport::ErrorMsg;
+using transport::MessageType;
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+const char* phase_name(Phase phase) {
+  switch (phase) {
+    case Phase::registering:
+      return "registering";
+    case Phase::awaiting_owner:
+      return "awaiting_owner";
+    case Phase::idle:
+      return "idle";
+    case Phase::gathering:
+      return "gathering";
+    case Phase::computing:
+      return "computing";
+  }
+  return "unknown";
+}
+
+void Engine::check_gradient_step(const transport::Push& m, const Param& p) const {
+  if (p.phase == Phase::computing) {
+    throw InvalidArgument("parameter '" + m.name + "': step " + std::to_string(m.step) +
+                          " pushed while step " + std::to_string(p.last_step + 1) +
+                          " is still being computed");
+  }
+  if (p.last_step >= 0 && m.step <= p.last_step) {
+    throw InvalidArgument("parameter '" + m.name + "': step " + std::to_string(m.step) +
+                          " was already applied (last applied step " + std::to_string(p.last_step) +
+                          ")");
+  }
+  if (p.last_step >= 0 && m.step > p.last_step + 1) {
+    throw InvalidArgument("parameter '" + m.name + "': step gap: got step " +
+                          std::to_string(m.step) + ", expected " + std::to_string(p.last_step + 1));
+  }
+  if (const auto* open = p.gathering(); open && open->step() != m.step) {
+    throw InvalidArgument("parameter '" + m.name + "': step " + std::to_string(m.step) +
+                          " pushed while step " + std::to_string(open->step()) +
+                          " is being gathered");
+  }
+}
+
+StepReducer* Engine::start_gathering(const SessionPtr& s, const transport::Push& m, Param& p) {
+  if (auto* open = p.gathering()) return open;
+  // A step that needs a lost rank can never complete: say so now, not at the timeout.
+  for (const auto& [lost, what] : lost_ranks_) {
+    if (contributes(*p.layout, lost)) {
+      reply_error(s, {"peer_lost",
+                      what + "; step " + std::to_string(m.step) + " of '" + m.name +
+                          "' cannot complete until it reconnects",
+                      m.name, m.step, lost});
+      return nullptr;
+    }
+  }
+  if (p.reducer) {
+    p.reducer->restart(m.step);
+  } else {
+    p.reducer.emplace(
+        *p.layout, m.step,
+        p.device ? device_->make_contribution_store() : make_host_contribution_store());
+  }
+  p.phase = Phase::gathering;
+  p.step_started = std::chrono::steady_clock::now();
+  arm_timer(m.name, p);
+  return &*p.reducer;
+}
+
+void Engine::start_compute(const std::string& name, Param& p) {
+  if (p.timer) p.timer->cancel();
+  p.timer.reset();
+  StepReducer& reducer = *p.gathering();
+  NsJob job;
+  job.name = name;
+  job.step = reducer.step();
+  job.shape = p.layout->spec.shape;
+  job.options = p.layout->spec.options;
+  if (p.relayed()) {  // the domain's partial sum goes to the owner
+    RelayStep step;
+    step.name = name;
+    step.step = job.step;
+    step.owner = p.relay_owner;
+    step.grad_dtype = p.layout->spec.grad_dtype;
+    step.update_dtype = p.layout->spec.update_dtype;
+    step.numel = job.shape.numel();
+    step.grad = std::move(p.grad);
+    step.grad.resize(static_cast<size_t>(step.numel));
+    if (p.device) {
+      device_->reduce(reducer, *p.device);
+      device_->read_grad(*p.device, step.grad.data());
+    } else {
+      reducer.reduce(step.grad.data());
+    }
+    step.push = covered(*p.layout, &RankRanges::push);
+    step.want = covered(*p.layout, &RankRanges::want);
+    p.phase = Phase::computing;
+    relay().forward(std::move(step), [this](RelayStep done) { finish_relayed(std::move(done)); });
+    return;
+  }
+  if (p.device) {  // GPU data plane: reduced on the receive stream, stepped on the device
+    device_->reduce(reducer, *p.device);
+    job.device = p.device.get();
+  } else {
+    job.grad = std::move(p.grad);  // warm buffers, handed back in finish_jobs
+    job.update = std::move(p.update);
+    job.grad.resize(static_cast<size_t>(job.shape.numel()));
+    reducer.reduce(job.grad.data());
+  }
+  job.momentum =
+      job.options.momentum.convention == MomentumConvention::none ? nullptr : p.momentum.data();
+  const auto every = static_cast<uint64_t>(std::max<int64_t>(config_.health_sample_every, 0));
+  job.sample_health = every > 0 && p.updates_started % every == 0;
+  ++p.updates_started;
+  p.phase = Phase::computing;
+  scheduler_.submit(std::move(job));
+}
+
+void Engine::finish_relayed(RelayStep step) {
+  auto it = params_.find(step.name);
+  if (it == params_.end() || !it->second.registered()) return;
+  Param& p = it->second;
+  if (step.resync) {  // registered again with an owner that restarted
+    if (p.last_step != step.step) {
+      log()->warn("parameter '{}': its owner restarted at last applied step {} (this relay had {})",
+                  step.name, step.step, p.last_step);
+    }
+    p.last_step = step.step;
+    return;
+  }
+  if (!step.unasked) {  // the answer to this relay's forward
+    if (p.phase == Phase::computing) p.phase = Phase::idle;
+    p.grad = std::move(step.grad);
+  }
+  if (step.error) {
+    // The owner consumed a refused step (non-finite, backend) as its own; a dropped one (a lost
+    // peer, a timeout) may be retried.
+    if (step.error->code == "non_finite" || step.error->code == "backend") p.last_step = step.step;
+    log()->warn("parameter '{}' step {}: {}", step.name, step.step, step.error->message);
+    metrics_.error(step.error->code);
+    metrics_.step_done("refused");
+    broadcast(p, *step.error);
+    after_steps();
+    return;
+  }
+  p.last_step = step.step;
+  NsJob job;
+  job.name = step.name;
+  job.step = step.step;
+  job.shape = p.layout->spec.shape;
+  job.applied = step.applied;
+  job.update = std::move(step.update);
+  // On the GPU data plane the owner's update goes into the device buffer first, as if computed.
+  if (!step.want.empty()) return_update(p, job, /*upload=*/p.device != nullptr);
+  metrics_.step_done(job.applied ? "applied" : "skipped");
+  if (!step.unasked) metrics_.step_latency(seconds_since(p.step_started));
+  p.update = std::move(job.update);
+  after_steps();
+}
+
+void Engine::finish_jobs(std::vector<NsJob> jobs) {
+  for (auto& job : jobs) {
+    auto it = params_.find(job.name);
+    if (it == params_.end()) continue;
+    Param& p = it->second;
+    p.phase = Phase::idle;
+    p.last_step = job.step;
+    if (!job.error.empty()) {
+      log()->warn("parameter '{}' step {}: {}", job.name, job.step, job.error);
+      metrics_.error(job.error_code);
+      metrics_.step_done("refused");
+      broadcast(p, {job.error_code, job.error, job.name, job.step, -1});
+      p.grad = std::move(job.grad);
+      continue;
+    }
+    return_update(p, job, /*upload=*/false);
+    metrics_.step_done(job.applied ? "applied" : "skipped");
+    if (job.applied) metrics_.newton_schulz(job.shape, job.compute_seconds);
+    metrics_.step_latency(seconds_since(p.step_started));
+    if (job.health) observe_health(job.name, p, job);
+    p.grad = std::move(job.grad);
+    p.update = std::move(job.update);
+  }
+  after_steps();
+}
+
+void Engine::after_steps() {
+  if (!any_computing()) {
+    auto waiters = std::move(snapshot_waiters_);
+    snapshot_waiters_.clear();
+    for (auto& [w, req] : waiters) {
+      auto ws = w.lock();
+      if (!ws) continue;
+      try {
+        write_snapshot_now(req.first);
+        ws->send(
+            MessageType::snapshot_ok,
+            transport::encode(transport::SnapshotOk{req.first, static_cast<int>(params_.size())}),
+            req.second);
+      } catch (const Error& e) {
+        reply_error(ws, {"snapshot", e.message(), "", -1, -1}, req.second);
+      }
+    }
+    maybe_finish_shutdown();
+  }
+}
+
+void Engine::arm_timer(const std::string& name, Param& p) {
+  p.timer = std::make_unique<asio::steady_timer>(io_, config_.step_timeout);
+  const int64_t step = p.gathering() ? p.gathering()->step() : -1;
+  p.timer->async_wait([this, name, step](boost::system::error_code ec) {
+    if (ec) return;  // cancelled
+    auto it = params_.find(name);
+    if (it == params_.end()) return;
+    Param& q = it->second;
+    const auto ms = std::to_string(config_.step_timeout.count());
+    if (q.phase == Phase::registering) {
+      const auto missing = q.pending->missing_ranks();
+      const std::string msg = "registration of '" + name + "' incomplete after " + ms +
+                              " ms: ranks " + ranks_text(missing, world_size_) +
+                              " have not registered it";
+      log()->warn("{}", msg);
+      metrics_.error("timeout");
+      for (auto& [w, req] : q.waiting) {
+        if (auto ws = w.lock()) ws->send_error({"timeout", msg, name, -1, -1}, req);
+      }
+      return;
+    }
+    if (const auto* open = q.gathering(); open && open->step() == step && !open->complete()) {
+      const auto missing = open->missing_ranks();
+      drop_step(q,
+                {"timeout",
+                 "parameter '" + name + "' step " + std::to_string(step) + ": ranks " +
+                     ranks_text(missing, world_size_) + " did not commit within " + ms +
+                     " ms; partial step dropped, momentum untouched",
+                 name, step, missing.empty() ? -1 : missing.front()},
+                -1);
+    }
+  });
+}
+
+void Engine::drop_step(Param& p, const ErrorMsg& error, int except_rank) {
+  log()->warn("{}", error.message);
+  metrics_.error(error.code);
+  if (p.timer) p.timer->cancel();
+  p.timer.reset();
+  if (p.phase == Phase::gathering) p.phase = Phase::idle;
+  broadcast(p, error, except_rank);
+}
+
+void Engine::on_closed(const SessionPtr& s, const std::string& why) {
+  sessions_.erase(s->id());
+  reports_.erase(s->id());
+  const int rank = s->rank;
+  if (rank >= 0) {
+    auto it = ranks_.find(rank);
+    if (it != ranks_.end() && it->second.lock() == s) ranks_.erase(it);
+  }
+  log()->info("session {} ({}) closed: {}", s->id(), rank_name(rank), why);
+  if (rank >= 0 && why != "goodbye" && !stopping_) {
+    lost_ranks_[rank] = rank_name(rank) + " (" + s->client_name + ") was lost (" + why + ")";
+  }
+  for (auto& [name, p] : params_) {
+    std::erase_if(p.waiting, [&](const auto& w) {
+      auto ws = w.first.lock();
+      return !ws || ws == s;
+    });
+    const auto* open = p.gathering();
+    if (rank < 0 || stopping_ || !open) continue;
+    if (!contributes(*p.layout, rank)) continue;
+    const auto missing = open->missing_ranks();
+    if (std::find(missing.begin(), missing.end(), rank) == missing.end()) continue;
+    const int64_t step = open->step();
+    drop_step(
+        p,
+        {"peer_lost",
+         rank_name(rank) + " (" + s->client_name + ") " +
+             (why == "goodbye" ? "left (goodbye)" : "was lost (" + why + ")") + " during step " +
+             std::to_string(step) + " of '" + name + "'; partial step dropped, momentum untouched",
+         name, step, rank},
+        rank);
+  }
+}
+
+}  // namespace muon::daemon
