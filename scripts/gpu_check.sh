@@ -30,7 +30,8 @@
 #   --build-only    set up through the fallback build (prebuilt build ignored), then stop
 # Environment: OUT (report folder; default build-gpu-report/), BUDGET_S, JOBS (default nproc),
 #   STAGES (a subset of: kernels cuda_ipc nccl scenarios python bench sanitizer), PYTHON (the
-#   Python with torch; default python3), FALLBACK=1 (build here even if the prebuilt fits),
+#   Python with torch; default scripts/venv-python's, else python3), FALLBACK=1 (build here even
+#   if the prebuilt fits),
 #   BENCH_FILTER (muon_bench rows, default cuda), GPU_BENCH_FILTER (muon_gpu_bench rows).
 # Writes, as it goes: $OUT/gpu_report.txt (results), $OUT/gpu_full.log (all output),
 #   $OUT/gpu_env.sh (the library path and build the stages use), $OUT/bench_muon.json,
@@ -41,6 +42,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 ROOT=$PWD
 T0=$(date +%s)
+[[ -n ${BUDGET_S:-} ]] && BUDGET_S_GIVEN=1
 BUDGET_S=${BUDGET_S:-470}
 DEADLINE=$((T0 + BUDGET_S))
 OUT_DIR=${OUT:-$ROOT/build-gpu-report}
@@ -48,7 +50,10 @@ REPORT=$OUT_DIR/gpu_report.txt
 FULL=$OUT_DIR/gpu_full.log
 JOBS=${JOBS:-$(nproc)}
 STAGES=${STAGES:-kernels cuda_ipc nccl scenarios python bench sanitizer}
-PYTHON=${PYTHON:-python3}
+# The Python with torch: $PYTHON, else scripts/venv-python's (which honours MUON_OFFLOAD_PYTHON),
+# else the python3 on PATH (on the GPU image it holds torch, and no venv is made there).
+if [[ -z ${PYTHON:-} ]]; then PYTHON=$(scripts/venv-python 2>/dev/null) || PYTHON=python3; fi
+export MUON_OFFLOAD_PYTHON=${MUON_OFFLOAD_PYTHON:-$PYTHON}
 BENCH_FILTER=${BENCH_FILTER:-cuda}
 GPU_BENCH_FILTER=${GPU_BENCH_FILTER:-.}
 BUNDLE=$ROOT/.gpu-bundle
@@ -67,6 +72,13 @@ while [[ $# -gt 0 ]]; do
   esac
   shift
 done
+# Per-step limits are sized for the GPU machine (16 idle cores); a dry run on a small shared CPU
+# machine stretches them (SLOW, default 4 there) and its budget (BUDGET_S, default 1800 there).
+if [[ $DRY_RUN = 1 ]]; then
+  SLOW=${SLOW:-4}
+  [[ -z ${BUDGET_S_GIVEN:-} ]] && DEADLINE=$((T0 + ${BUDGET_S_DRY:-1800}))
+fi
+SLOW=${SLOW:-1}
 mkdir -p "$OUT_DIR"
 : >"$REPORT"
 : >"$FULL"
@@ -77,7 +89,7 @@ left() { echo $((DEADLINE - $(date +%s))); }
 # run LIMIT_S CMD...: CMD with a time limit (cut to what is left of the budget), output to the
 # full log only; returns CMD's status (124 when it ran out of time).
 run() {
-  local limit=$1 l
+  local limit=$(($1 * SLOW)) l
   shift
   l=$(left)
   ((limit > l)) && limit=$l
@@ -87,7 +99,7 @@ run() {
 }
 # shown LIMIT_S CMD...: the same, output to the report too.
 shown() {
-  local limit=$1 l
+  local limit=$(($1 * SLOW)) l
   shift
   l=$(left)
   ((limit > l)) && limit=$l
@@ -107,7 +119,7 @@ wanted() { [[ " $STAGES " == *" $1 "* ]]; }
 
 section "muon-offload GPU check"
 log "tree: $ROOT$([[ -d .git ]] && command -v git >/dev/null && echo " at $(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet 2>/dev/null || echo ' (dirty)')")"
-log "host: $(hostname)  date: $(date -u +%Y-%m-%dT%H:%M:%SZ)  cores: $(nproc)  budget: ${BUDGET_S}s  mode: $MODE$([[ $DRY_RUN = 1 ]] && echo ', dry run')"
+log "host: $(hostname)  date: $(date -u +%Y-%m-%dT%H:%M:%SZ)  cores: $(nproc)  budget: $((DEADLINE - T0))s  mode: $MODE$([[ $DRY_RUN = 1 ]] && echo ', dry run')"
 log "stages: $STAGES"
 
 # ---- machine --------------------------------------------------------------------------------
@@ -231,7 +243,7 @@ summ=(scripts/gpu_check_tests.py summary --allow "$ALLOWED_SKIP")
 # ctest_stage NAME LIMIT_S DESCRIPTION CTEST_ARGS...: the tests the arguments select, serially,
 # stopped by LIMIT_S (or the budget), one line per test in the report.
 ctest_stage() {
-  local name=$1 limit=$2 what=$3 l
+  local name=$1 limit=$(($2 * SLOW)) what=$3 l
   shift 3
   section "$name: $what"
   l=$(left)
@@ -387,7 +399,7 @@ fi
 
 section "summary"
 for s in "${ORDER[@]}"; do log "$(printf '  %-10s %s' "$s" "${RESULT[$s]}")"; done
-log "elapsed: $(($(date +%s) - T0)) s of ${BUDGET_S} s; report: $REPORT"
+log "elapsed: $(($(date +%s) - T0)) s of $((DEADLINE - T0)) s; report: $REPORT"
 rm -rf "$WORK"
 if [[ $STATUS -eq 0 ]]; then log "GPU CHECK PASSED$([[ $DRY_RUN = 1 ]] && echo ' (dry run: GPU tests skipped)')"; else log "GPU CHECK FAILED"; fi
 exit "$STATUS"

@@ -9,8 +9,8 @@
 #   1. scripts/gpu_check.sh --prepare: the prebuilt binaries unpacked at their build path, each
 #      loaded with every symbol bound (LD_BIND_NOW) against the bundle's libraries, the venv's
 #      torch wheels (cuBLAS, NCCL) and nothing else;
-#   2. the prebuilt build's CPU tests (ctest -LE gpu; the GPU tests skip without a GPU anyway), and
-#      the Python client's tests with the venv's torch against the prebuilt library;
+#   2. the prebuilt build's CPU tests (ctest -LE gpu; the GPU tests skip without a GPU anyway), the
+#      Python client's suite among them, with the venv's torch against the prebuilt library;
 #   3. the fallback: scripts/gpu_check.sh --build-only with the prebuilt binaries taken away, i.e.
 #      a Release sm_90 build from the bundle's headers and libraries alone, then its CPU tests;
 #   4. scripts/gpu_check.sh itself (no GPU here: it stops at nvidia-smi with exit 2 and a report).
@@ -31,7 +31,7 @@ LOGS=$GROOT/logs
 SUITE=${DEBIAN_SUITE:-bookworm}
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 TORCH_VERSION=${TORCH_VERSION:-2.11.0}
-STEPS=${STEPS:-prepare cpu_tests python fallback check}
+STEPS=${STEPS:-prepare cpu_tests fallback check}
 CUDA_HOME=$(readlink -f "${CUDA_HOME:-/usr/local/cuda}")
 # Where the copy of the tree lives inside the root: not the host's path, so that nothing can
 # reach the host's checkout by its name.
@@ -82,6 +82,7 @@ in_root() {
     exec chroot "$R" /usr/bin/env -i HOME=/root TERM=dumb LANG=C.UTF-8 \
       PATH=/opt/torch/.venv/bin:/usr/local/cuda/bin:/usr/bin:/bin:/usr/sbin:/sbin \
       PIP_CERT=/etc/ssl/certs/host-ca.crt PIP_DISABLE_PIP_VERSION_CHECK=1 \
+      MUON_OFFLOAD_PYTHON=/opt/torch/.venv/bin/python3 \
       bash -euo pipefail -c "$CMD"
   ' in_root "$SYSROOT" "$CUDA_HOME" "$1" "${2:-}"
 }
@@ -128,19 +129,16 @@ step() {
 # The environment gpu_check.sh --prepare leaves (library path, build, client library).
 ENV="source /root/out/gpu_env.sh"
 # ctest's CPU tests of a build: those whose program the build has (it builds muon_gpu_check
-# only), less those that run Debian's /usr/bin/python3 (the python step runs python_client's
-# suite with the venv's torch instead).
+# only); the Python suite (python_client) runs with the venv's torch (MUON_OFFLOAD_PYTHON).
 cpu_ctest() {
   echo "names=\$(ctest --test-dir $1 --show-only=json-v1 | python3 -c 'import json, os, sys
 print(\"|\".join(\"^\" + t[\"name\"] + \"\$\" for t in json.load(sys.stdin)[\"tests\"]
-                if not os.access((t.get(\"command\") or [\"/none\"])[0], os.X_OK)
-                or t[\"command\"][0] == \"/usr/bin/python3\"))');" \
+                if not os.access((t.get(\"command\") or [\"/none\"])[0], os.X_OK)))');" \
        "ctest --test-dir $1 -LE gpu \${names:+-E \"\$names\"} -j2 --output-on-failure --timeout 600"
 }
 
 step prepare "" "OUT=/root/out scripts/gpu_check.sh --prepare && cat /root/out/gpu_report.txt"
 step cpu_tests "" "$ENV && $(cpu_ctest /tmp/muon-offload-gpu/build-gpu-prebuilt)"
-step python "" "$ENV && PYTHONPATH=client/python python3 -m pytest -q -p no:cacheprovider client/python/tests"
 step fallback cuda "OUT=/root/out-fallback JOBS=$(nproc) scripts/gpu_check.sh --build-only && \
   source /root/out-fallback/gpu_env.sh && $(cpu_ctest build-gpu)"
 step check cuda "OUT=/root/out-check scripts/gpu_check.sh --dry-run; rc=\$?; cat /root/out-check/gpu_report.txt; exit \$rc"
