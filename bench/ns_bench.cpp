@@ -35,6 +35,7 @@
 
 #include "bench/gemm_reference.hpp"
 #include "bench/model_shapes.hpp"
+#include "core/clock.hpp"
 #include "core/error.hpp"
 #include "kernels/backend.hpp"
 
@@ -70,9 +71,7 @@ constexpr Algo kAlgos[] = {{"plain", muon::NsAlgorithm::plain},
                            {"syrk", muon::NsAlgorithm::syrk},
                            {"gram", muon::NsAlgorithm::gram}};
 
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
+using muon::seconds_since;
 
 std::vector<float> random_matrix(int64_t n) {
   std::mt19937 gen(2024);

@@ -23,6 +23,7 @@
 #include "bench/server_process.hpp"
 #include "client/client.hpp"
 #include "client/health_probe.hpp"
+#include "core/clock.hpp"
 #include "core/cuda_check.hpp"
 #include "core/error.hpp"
 #include "kernels/device_muon.hpp"
@@ -34,9 +35,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
+using muon::seconds_since;
 
 // Device buffers owned by the benchmark.
 class DeviceFloats {

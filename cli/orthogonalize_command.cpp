@@ -6,7 +6,9 @@
 #include <vector>
 
 #include "cli/npy.hpp"
+#include "core/error.hpp"
 #include "kernels/backend.hpp"
+#include "kernels/muon_option_fields.hpp"
 #include "kernels/muon_options.hpp"
 #include "kernels/ns_schedule.hpp"
 #include "kernels/scale_rule.hpp"
@@ -32,37 +34,20 @@ void add_orthogonalize_command(CLI::App& app) {
       "B = b A + c A A, X = a X + B X, with (a, b, c) from the schedule.");
   sub->add_option("-i,--input", args->input, "Input .npy (G)")->required();
   sub->add_option("-o,--output", args->output, "Output .npy (U), replaced if present")->required();
-  sub->add_option(
-         "--schedule", args->schedule,
-         "Coefficient schedule or alias (see `muon-offload schedules`): " + schedule_names())
-      ->capture_default_str();
-  sub->add_option("--steps", args->steps, "Newton-Schulz steps; 0: the schedule's default")
-      ->capture_default_str();
-  sub->add_option("--eps", args->eps, "Guard of the Frobenius normalization")
-      ->capture_default_str();
-  sub->add_option("--eps-mode", args->eps_mode,
-                  "add: X / (||X||_F + eps) (Keller, torch.optim.Muon); clamp: X / max(||X||_F, "
-                  "eps) (NVIDIA)")
-      ->capture_default_str();
-  sub->add_option("--scale", args->scale,
-                  "Scale rule: keller max(1, r/c)^0.5, match_adamw 0.2 sqrt(max(r, c)), sqrt_max "
-                  "sqrt(max(r, c)), unit_rms sqrt(r/c), none 1; r, c of the row block")
-      ->capture_default_str();
-  sub->add_option("--extra-scale", args->extra_scale, "Extra factor times the scale rule")
-      ->capture_default_str();
-  sub->add_option("--split", args->split,
-                  "Row blocks orthogonalized separately (fused QKV), e.g. 1024,256,256; must add "
-                  "up to the rows")
-      ->delimiter(',');
+  for (const OptionField& f : muon_option_fields()) {
+    if (f.cli_flag.empty()) continue;
+    std::string doc(f.doc);
+    if (f.name == "schedule") doc += ": " + schedule_names();
+    auto* opt = sub->add_option(std::string(f.cli_flag), args->option_text[std::string(f.name)], doc);
+    if (f.type == OptionType::integer_list) {
+      opt->delimiter(',');
+    } else {
+      opt->expected(1)->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+      opt->default_str(option_default_text(f));
+    }
+  }
   sub->add_option("--backend", args->backend,
                   "cpu (OpenBLAS fp32, the oracle), cuda, or auto (CUDA when usable, else CPU)")
-      ->capture_default_str();
-  sub->add_option("--algorithm", args->algorithm,
-                  "plain (3 GEMMs/step), syrk (symmetric products), gram (Gram-space iteration, "
-                  "less exact; for cols >> rows)")
-      ->capture_default_str();
-  sub->add_option("--precision", args->precision,
-                  "default (the backend's: fp32 on CPU, bf16 on CUDA), fp32, bf16 (CUDA only)")
       ->capture_default_str();
   sub->add_option("--threads", args->threads, "OpenBLAS threads; 0: OpenBLAS' own setting")
       ->check(CLI::Range(0, 4096))
@@ -71,16 +56,16 @@ void add_orthogonalize_command(CLI::App& app) {
 }
 
 void run_orthogonalize(const OrthogonalizeArgs& args) {
-  OrthogonalizeOptions options;
-  options.schedule = args.schedule;
-  options.steps = args.steps;
-  options.eps = args.eps;
-  options.eps_mode = parse_eps_mode(args.eps_mode);
-  options.scale_rule = parse_scale_rule(args.scale);
-  options.extra_scale = args.extra_scale;
-  options.row_splits = args.split;
-  options.algorithm = parse_ns_algorithm(args.algorithm);
-  options.precision = parse_precision(args.precision);
+  MuonOptions muon_options;
+  for (const auto& [name, values] : args.option_text) {
+    if (values.empty()) continue;
+    const OptionField* field = find_option_field(name);
+    if (!field) throw InvalidArgument("unknown option '" + name + "'");
+    std::string text;
+    for (const auto& v : values) text += (text.empty() ? "" : ",") + v;
+    set_option_from_text(muon_options, *field, text);
+  }
+  const OrthogonalizeOptions& options = muon_options.orthogonalize;
 
   const NpyArray g = read_npy(args.input);
   const MatrixShape shape = matrix_shape_from_dims(g.shape, args.input);

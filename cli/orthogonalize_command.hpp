@@ -3,7 +3,7 @@
 // their own stack.
 #pragma once
 
-#include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -13,22 +13,17 @@ class App;
 
 namespace muon::cli {
 
-/// The flags of `orthogonalize`, as typed (names are parsed when the command runs, so that a
-/// bad name is reported with the list of accepted ones).
+/// The flags of `orthogonalize`, as typed. The Muon options' flags (one per orthogonalize field
+/// of kernels/muon_option_fields.hpp: --schedule, --steps, --eps, --eps-mode, --scale,
+/// --extra-scale, --split, --algorithm, --precision, --nonfinite) are read through that table
+/// when the command runs, so that a bad value is reported with the accepted names.
 struct OrthogonalizeArgs {
-  std::string input;                ///< .npy, float32 '<f4', C order, [r, c] or [b, r, c]
-  std::string output;               ///< .npy written with the input's shape, '<f4'
-  std::string schedule = "keller";  ///< name or alias from ns_schedules()
-  int steps = 0;                    ///< 0: the schedule's default
-  float eps = 1e-7f;
-  std::string eps_mode = "add";  ///< add | clamp
-  std::string scale = "keller";  ///< keller | match_adamw | sqrt_max | unit_rms | none
-  double extra_scale = 1.0;
-  std::vector<int64_t> split;         ///< row blocks; empty: one block
-  std::string backend = "cpu";        ///< cpu | cuda | auto
-  std::string algorithm = "plain";    ///< plain | syrk | gram
-  std::string precision = "default";  ///< default | fp32 | bf16
-  int threads = 0;                    ///< OpenBLAS threads; 0: OpenBLAS' own setting
+  std::string input;   ///< .npy, float32 '<f4', C order, [r, c] or [b, r, c]
+  std::string output;  ///< .npy written with the input's shape, '<f4'
+  /// Option field name -> the values given to its flag (a list flag's comma-separated parts).
+  std::map<std::string, std::vector<std::string>> option_text;
+  std::string backend = "cpu";  ///< cpu | cuda | auto
+  int threads = 0;              ///< OpenBLAS threads; 0: OpenBLAS' own setting
 };
 
 /// Registers the `orthogonalize` subcommand on `app`; its callback calls run_orthogonalize.

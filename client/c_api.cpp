@@ -9,6 +9,8 @@
 #include "client/client.hpp"
 #include "client/device_copy.hpp"
 #include "client/muon_client.h"
+#include "core/error_code.hpp"
+#include "kernels/muon_option_fields.hpp"
 #include "kernels/backend.hpp"
 
 struct muon_client {
@@ -17,40 +19,52 @@ struct muon_client {
 
 namespace {
 
-thread_local std::string g_last_error;
+using muon::ErrorCode;
 
-int fail(int code, const std::string& message) {
+thread_local std::string g_last_error;
+thread_local ErrorCode g_last_code = ErrorCode::none;
+
+int fail(int status, ErrorCode code, const std::string& message) {
   g_last_error = message;
-  return code;
+  g_last_code = code;
+  return status;
 }
 
-// Runs `f`, mapping exceptions to codes and messages.
+// Runs `f`, mapping exceptions to a MUON_ERR_* status, an ErrorCode and a message.
 template <class F>
 int guarded(F&& f) {
   try {
     g_last_error.clear();
+    g_last_code = ErrorCode::none;
     return f();
   } catch (const muon::client::ServerError& e) {
-    if (e.code == "non_finite") return fail(MUON_ERR_NONFINITE, e.what());
-    if (e.code == "peer_lost") return fail(MUON_ERR_PEER_LOST, e.what());
-    if (e.code == "timeout") return fail(MUON_ERR_TIMEOUT, e.what());
-    // The server's code ("unauthorized", "unsupported", "bad_request", ...) travels in the
-    // message: callers (the Python package) read it from there.
-    return fail(MUON_ERR_SERVER, std::string(e.what()) + " (server error code: " + e.code + ")");
+    switch (e.code) {
+      case ErrorCode::non_finite:
+        return fail(MUON_ERR_NONFINITE, e.code, e.what());
+      case ErrorCode::peer_lost:
+        return fail(MUON_ERR_PEER_LOST, e.code, e.what());
+      case ErrorCode::timeout:
+        return fail(MUON_ERR_TIMEOUT, e.code, e.what());
+      default:
+        // The code's name also travels in the message, for callers that read it from there.
+        return fail(MUON_ERR_SERVER, e.code,
+                    std::string(e.what()) + " (server error code: " +
+                        std::string(muon::error_code_name(e.code)) + ")");
+    }
   } catch (const muon::client::ConnectionLost& e) {
-    return fail(MUON_ERR_CONNECTION, e.what());
+    return fail(MUON_ERR_CONNECTION, ErrorCode::connection_lost, e.what());
   } catch (const muon::client::Timeout& e) {
-    return fail(MUON_ERR_TIMEOUT, e.what());
+    return fail(MUON_ERR_TIMEOUT, ErrorCode::timeout, e.what());
   } catch (const muon::NonFiniteError& e) {
-    return fail(MUON_ERR_NONFINITE, e.what());
+    return fail(MUON_ERR_NONFINITE, ErrorCode::non_finite, e.what());
   } catch (const muon::InvalidArgument& e) {
-    return fail(MUON_ERR_INVALID, e.what());
+    return fail(MUON_ERR_INVALID, ErrorCode::invalid_argument, e.what());
   } catch (const muon::DeviceError& e) {
-    return fail(MUON_ERR_DEVICE, e.what());
+    return fail(MUON_ERR_DEVICE, ErrorCode::device, e.what());
   } catch (const muon::BackendUnavailable& e) {
-    return fail(MUON_ERR_UNAVAILABLE, e.what());
+    return fail(MUON_ERR_UNAVAILABLE, ErrorCode::unavailable, e.what());
   } catch (const std::exception& e) {
-    return fail(MUON_ERR_INTERNAL, e.what());
+    return fail(MUON_ERR_INTERNAL, ErrorCode::internal, e.what());
   }
 }
 
@@ -63,29 +77,18 @@ std::vector<muon::transport::Range> ranges(const int64_t* flat, int n, const cha
   return out;
 }
 
+// The caller's options over the defaults (missing fields keep them, unknown ones are refused):
+// kernels/muon_option_fields.hpp.
 muon::MuonOptions options(const char* json_text) {
   using nlohmann::json;
-  json base = json::parse(muon::transport::options_to_json(muon::MuonOptions{}));
-  if (json_text && *json_text) {
-    json user;
-    try {
-      user = json::parse(json_text);
-    } catch (const json::exception& e) {
-      throw muon::InvalidArgument(std::string("options are not valid JSON: ") + e.what());
-    }
-    if (!user.is_object()) throw muon::InvalidArgument("options must be a JSON object");
-    for (auto it = user.begin(); it != user.end(); ++it) {
-      if (!base.contains(it.key())) {
-        throw muon::InvalidArgument("unknown option '" + it.key() + "'");
-      }
-      base[it.key()] = it.value();
-    }
-  }
+  if (!json_text || !*json_text) return {};
+  json user;
   try {
-    return muon::transport::options_from_json(base.dump());
-  } catch (const muon::transport::ProtocolError& e) {
-    throw muon::InvalidArgument(e.message());
+    user = json::parse(json_text);
+  } catch (const json::exception& e) {
+    throw muon::InvalidArgument(std::string("options are not valid JSON: ") + e.what());
   }
+  return muon::options_from_json_object(user, muon::OptionKeys::overrides);
 }
 
 std::vector<int64_t> dims(const int64_t* shape, int ndim) {
@@ -111,6 +114,20 @@ extern "C" {
 
 const char* muon_last_error(void) {
   return g_last_error.c_str();
+}
+
+int muon_last_error_code(void) {
+  return static_cast<int>(g_last_code);
+}
+
+const char* muon_error_code_name(int code) {
+  const auto c = muon::error_code_from_int(code);
+  return c ? muon::error_code_name(*c).data() : nullptr;
+}
+
+const char* muon_options_schema(void) {
+  static const std::string schema = muon::options_schema_json();
+  return schema.c_str();
 }
 
 int muon_client_create(const char* const* servers, int n_servers, int rank, int world_size,

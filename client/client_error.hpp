@@ -5,21 +5,19 @@
 #include <string>
 
 #include "core/error.hpp"
+#include "core/error_code.hpp"
 
 namespace muon::client {
 
-/// The server refused a request or reported a failure (code as sent by the server:
-/// "bad_request", "non_finite", "peer_lost", "timeout", "shutdown", ...).
+/// The server refused a request or reported a failure. `code` is the server's (bad_request,
+/// non_finite, peer_lost, timeout, shutdown, ...; core/error_code.hpp), or bad_reply / unsupported
+/// when the client cannot use the server's answer.
 class ServerError : public Error {
  public:
-  ServerError(const std::string& message, std::string code, std::string param, int64_t step,
+  ServerError(const std::string& message, ErrorCode code, std::string param, int64_t step,
               int rank, std::source_location where = std::source_location::current())
-      : Error(message, where),
-        code(std::move(code)),
-        param(std::move(param)),
-        step(step),
-        rank(rank) {}
-  std::string code;
+      : Error(message, where), code(code), param(std::move(param)), step(step), rank(rank) {}
+  ErrorCode code;
   std::string param;
   int64_t step;
   int rank;

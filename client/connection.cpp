@@ -64,7 +64,7 @@ Connection::Connection(std::string endpoint, int rank, int world_size,
                             transport::data_plane_name(data_plane) + " with data plane " +
                             transport::data_plane_name(ok.data_plane) +
                             " (a server that predates the choice of data plane?)",
-                        "unsupported", "", -1, -1);
+                        ErrorCode::unsupported, "", -1, -1);
     }
     std::unique_ptr<DeviceRings> rings;
     std::unique_ptr<NcclPlane> nccl;
@@ -72,14 +72,14 @@ Connection::Connection(std::string endpoint, int rank, int world_size,
       if (!ok.tx_ring || !ok.rx_ring) {
         throw ServerError("muon-offloadd at '" + path_ +
                               "' agreed to data plane cuda_ipc but sent no device rings",
-                          "bad_reply", "", -1, -1);
+                          ErrorCode::bad_reply, "", -1, -1);
       }
       rings = std::make_unique<DeviceRings>(*ok.tx_ring, *ok.rx_ring);
     } else if (data_plane == transport::DataPlane::nccl) {
       if (!ok.nccl_tx_id || !ok.nccl_rx_id) {
         throw ServerError(
             "muon-offloadd at '" + path_ + "' agreed to data plane nccl but sent no NCCL ids",
-            "bad_reply", "", -1, -1);
+            ErrorCode::bad_reply, "", -1, -1);
       }
       nccl = std::make_unique<NcclPlane>(*ok.nccl_tx_id, *ok.nccl_rx_id, ok.slot_bytes, op_timeout);
     } else {
@@ -197,7 +197,8 @@ transport::Frame Connection::wait_reply(uint32_t id, const std::string& what) {
   replies_.erase(id);
   if (r.error) {
     throw ServerError("muon-offloadd at '" + path_ + "' refused " + what + ": " + r.error->message,
-                      r.error->code, r.error->param, r.error->step, r.error->rank);
+                      transport::error_code(*r.error), r.error->param, r.error->step,
+                      r.error->rank);
   }
   if (!r.done) throw_lost(what);
   return std::move(r.frame);
@@ -416,8 +417,8 @@ bool Connection::take_update(const std::string& name, int64_t step,
            !lost_.empty();
   });
   if (const auto* e = error_for()) {
-    ServerError err("muon-offloadd at '" + path_ + "': " + e->message, e->code, e->param, e->step,
-                    e->rank);
+    ServerError err("muon-offloadd at '" + path_ + "': " + e->message, transport::error_code(*e),
+                    e->param, e->step, e->rank);
     p.errors.clear();
     // The caller now knows this step failed; what it pushes for the step from here on is a
     // new try, and the server must not add it to chunks of the failed one still in flight.
@@ -465,8 +466,8 @@ std::vector<float> Connection::fetch_momentum(const std::string& name, int64_t n
   const bool ok = cv_.wait_until(
       lk, deadline(), [&] { return p.momentum_ready || p.errors.count(-1) || !lost_.empty(); });
   if (auto e = p.errors.find(-1); e != p.errors.end()) {
-    ServerError err("muon-offloadd at '" + path_ + "': " + e->second.message, e->second.code, name,
-                    -1, -1);
+    ServerError err("muon-offloadd at '" + path_ + "': " + e->second.message,
+                    transport::error_code(e->second), name, -1, -1);
     p.errors.erase(e);
     throw err;
   }
@@ -566,7 +567,7 @@ void Connection::handle(transport::Frame f) {
       } else {
         // Not about one parameter (shutdown, protocol): every waiter should see it.
         for (auto& [name, p] : params_) p.errors[-1] = e;
-        if (e.code == "shutdown" && lost_.empty()) lost_ = "server shutting down";
+        if (transport::error_code(e) == ErrorCode::shutdown && lost_.empty()) lost_ = "server shutting down";
       }
       break;
     }

@@ -36,6 +36,22 @@ typedef struct muon_client muon_client;
 
 /* The message of the last failure on this thread ("" when none). */
 const char* muon_last_error(void);
+/* The cause of the last failure on this thread: an ErrorCode integer (core/error_code.hpp; stable
+ * across versions, 0 when none). For MUON_ERR_SERVER / _NONFINITE / _PEER_LOST / _TIMEOUT from
+ * the server it is the server's code ("bad_request" 1, "unsupported" 3, "unauthorized" 4,
+ * "peer_lost" 5, "timeout" 6, "non_finite" 7, "shutdown" 12, ...); for failures of the client
+ * itself one of "connection_lost" 16, "invalid_argument" 17, "device" 18, "unavailable" 19,
+ * "internal" 20. */
+int muon_last_error_code(void);
+/* The name of an ErrorCode integer ("peer_lost"), or NULL outside the enum: callers build their
+ * code tables from this (0, 1, 2, ... until NULL). */
+const char* muon_error_code_name(int code);
+
+/* The Muon options' schema as a JSON array, one object per field of the options JSON:
+ * {"name", "group" ("momentum"|"orthogonalize"), "type" ("string"|"integer"|"number"|"boolean"|
+ * "integer_list"), "default", "choices" (accepted names or null), "cli_flag" (the flag of
+ * `muon-offload orthogonalize` or null), "doc"}. Static storage; never NULL. */
+const char* muon_options_schema(void);
 
 /* Connects a compute rank to `n_servers` servers: Unix socket paths, or "tcp://HOST:PORT" for a
  * server's TCP control plane (the token then comes from the file named by the environment

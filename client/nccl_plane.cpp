@@ -11,10 +11,6 @@ namespace muon::client {
 
 namespace {
 
-TileDType tile_dtype(transport::DType d) {
-  return d == transport::DType::bf16 ? TileDType::bf16 : TileDType::f32;
-}
-
 // cudaMalloc'd bytes, freed with the object.
 struct DeviceBuffer {
   explicit DeviceBuffer(size_t n) : bytes(n) {
@@ -73,8 +69,8 @@ NcclPlane::NcclPlane(const transport::NcclIdBytes& tx_id, const transport::NcclI
   // (The server posts its receive of a push only when the push frame arrives, and its send of
   // an update before our reader posts the receive; neither may be a first transfer.)
   auto& i = *impl_;
-  const transport::SendTile out{i.tx_stage.data, 1, TileDType::f32};
-  const transport::RecvTile in{i.rx_stage.data, 1, TileDType::f32};
+  const transport::SendTile out{i.tx_stage.data, 1, DType::f32};
+  const transport::RecvTile in{i.rx_stage.data, 1, DType::f32};
   i.tx.send(0, {&out, 1}, i.push_stream.get());
   i.rx.recv(0, {&in, 1}, i.reader_stream.get());
   i.tx.wait(i.push_stream.get(), timeout);
@@ -96,7 +92,7 @@ int NcclPlane::device() const {
 
 void NcclPlane::send(const void* device_src, size_t count, transport::DType dtype,
                      StreamHandle stream) {
-  const transport::SendTile tile{device_src, count, tile_dtype(dtype)};
+  const transport::SendTile tile{device_src, count, dtype};
   impl_->tx.send(0, {&tile, 1}, stream);
 }
 
@@ -121,7 +117,7 @@ StreamHandle NcclPlane::reader_stream() const {
 }
 
 void NcclPlane::recv(void* device_dst, size_t count, transport::DType dtype) {
-  const transport::RecvTile tile{device_dst, count, tile_dtype(dtype)};
+  const transport::RecvTile tile{device_dst, count, dtype};
   impl_->rx.recv(0, {&tile, 1}, impl_->reader_stream.get());
 }
 

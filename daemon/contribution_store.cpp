@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "core/error.hpp"
-#include "transport/bf16.hpp"
+#include "kernels/bf16.hpp"
 
 namespace muon::daemon {
 namespace {
@@ -39,12 +39,13 @@ class HostContributionStore final : public ContributionStore {
       return;
     }
     const auto* src = static_cast<const std::byte*>(values.data) + 2 * first;
-    for (int64_t i = 0; i < n; ++i) {
-      uint16_t h;
-      std::memcpy(&h, src + 2 * i, 2);
-      const float v = transport::bf16_to_f32(h);
-      dst[i] = add ? dst[i] + v : v;
+    if (!add) {
+      widen_to_f32(DType::bf16, src, std::span(dst, static_cast<size_t>(n)));
+      return;
     }
+    widened_.resize(static_cast<size_t>(n));
+    widen_to_f32(DType::bf16, src, widened_);
+    add_into(dst, widened_.data(), n);
   }
 
   void fill_negative_zero(float* out, int64_t n) override { std::fill(out, out + n, -0.0f); }
@@ -60,6 +61,7 @@ class HostContributionStore final : public ContributionStore {
 
  private:
   std::vector<std::vector<float>> buffers_;
+  std::vector<float> widened_;  // a bf16 chunk widened before it is added
 };
 
 }  // namespace

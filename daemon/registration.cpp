@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "core/error.hpp"
+#include "kernels/range_set.hpp"
 
 namespace muon::daemon {
 namespace {
@@ -12,10 +13,6 @@ namespace {
 // Upper bound on a parameter's element count (as on the wire, transport/messages.cpp); also keeps
 // batch * rows * cols far from int64 overflow.
 constexpr int64_t kMaxElements = int64_t{1} << 40;
-
-std::string range_str(int64_t begin, int64_t end) {
-  return "[" + std::to_string(begin) + ", " + std::to_string(end) + ")";
-}
 
 std::string contributors_str(int count) {
   return std::to_string(count) + (count == 1 ? " contributor" : " contributors");
@@ -25,23 +22,7 @@ std::string contributors_str(int count) {
 // `what` is "push" or "want"; `who` prefixes the message.
 void normalize_ranges(std::vector<Range>& ranges, int64_t numel, const std::string& who,
                       const char* what) {
-  for (const auto& r : ranges) {
-    if (r.begin < 0 || r.end < r.begin || r.end > numel) {
-      throw InvalidArgument(who + ": " + what + " range " + range_str(r.begin, r.end) +
-                            " is not inside [0, " + std::to_string(numel) + ")");
-    }
-  }
-  std::erase_if(ranges, [](const Range& r) { return r.size() == 0; });
-  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
-    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
-  });
-  for (size_t i = 1; i < ranges.size(); ++i) {
-    if (ranges[i].begin < ranges[i - 1].end) {
-      throw InvalidArgument(who + ": " + what + " ranges " +
-                            range_str(ranges[i - 1].begin, ranges[i - 1].end) + " and " +
-                            range_str(ranges[i].begin, ranges[i].end) + " overlap");
-    }
-  }
+  ranges = RangeSet::disjoint(std::move(ranges), numel, who + ": " + what).ranges();
 }
 
 std::vector<int> all_ranks(const std::string& name, int world_size) {
@@ -160,15 +141,15 @@ ParameterLayout PendingRegistration::finish(bool partial) const {
 
   for (const auto& s : segments) {
     if (s.count == 0) {
-      throw InvalidArgument(who + ": elements " + range_str(s.begin, s.end) +
+      throw InvalidArgument(who + ": elements " + range_text({s.begin, s.end}) +
                             " have no contributor (no rank pushes them)");
     }
   }
   for (const auto& s : segments) {
     if (s.count != segments.front().count) {
       const auto& f = segments.front();
-      throw InvalidArgument(who + ": elements " + range_str(f.begin, f.end) + " have " +
-                            contributors_str(f.count) + ", elements " + range_str(s.begin, s.end) +
+      throw InvalidArgument(who + ": elements " + range_text({f.begin, f.end}) + " have " +
+                            contributors_str(f.count) + ", elements " + range_text({s.begin, s.end}) +
                             " have " + contributors_str(s.count) +
                             "; every element needs the same number of contributors");
     }

@@ -6,7 +6,7 @@
 #include "client/client_error.hpp"
 #include "client/connection.hpp"
 #include "core/error.hpp"
-#include "transport/bf16.hpp"
+#include "kernels/bf16.hpp"
 #include "transport/endpoint.hpp"
 
 namespace muon::daemon {
@@ -103,7 +103,8 @@ std::string Relay::describe(int id) const {
 ErrorMsg Relay::error_of(const std::exception& e, int owner, const std::string& name,
                          int64_t step) const {
   if (const auto* se = dynamic_cast<const client::ServerError*>(&e)) {
-    return {se->code, "owner " + describe(owner) + ": " + se->message(), name, step, -1};
+    return {std::string(error_code_name(se->code)), "owner " + describe(owner) + ": " + se->message(),
+            name, step, -1};
   }
   const auto* me = dynamic_cast<const Error*>(&e);
   const std::string what = me ? me->message() : e.what();
@@ -261,15 +262,10 @@ void Relay::take_update(client::Connection& conn, RelayStep& step) {
   step.update.assign(static_cast<size_t>(step.numel), 0.0f);
   int64_t pos = 0;
   for (const auto& r : step.want) {
-    for (int64_t i = r.begin; i < r.end; ++i, ++pos) {
-      if (step.update_dtype == DType::f32) {
-        std::memcpy(&step.update[static_cast<size_t>(i)], bytes.data() + 4 * pos, 4);
-      } else {
-        uint16_t h;
-        std::memcpy(&h, bytes.data() + 2 * pos, 2);
-        step.update[static_cast<size_t>(i)] = transport::bf16_to_f32(h);
-      }
-    }
+    widen_to_f32(step.update_dtype, bytes.data() + static_cast<size_t>(pos) * esize,
+                 std::span(step.update).subspan(static_cast<size_t>(r.begin),
+                                                static_cast<size_t>(r.size())));
+    pos += r.size();
   }
 }
 
@@ -333,7 +329,7 @@ void Relay::forward(RelayStep step, std::function<void(RelayStep)> done) {
                      r.size(), 4, transport::ChunkKind::gradient);
         } else {  // the partial sum travels in the registered dtype (round to nearest even)
           narrow.resize(static_cast<size_t>(r.size()));
-          for (size_t i = 0; i < narrow.size(); ++i) narrow[i] = transport::f32_to_bf16(src[i]);
+          narrow_from_f32(DType::bf16, std::span(src, narrow.size()), narrow.data());
           conn->push(step.name, step.step, r.begin,
                      reinterpret_cast<const std::byte*>(narrow.data()), r.size(), 2,
                      transport::ChunkKind::gradient);

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <utility>
 
+#include "core/clock.hpp"
 #include "core/error.hpp"
 #include "kernels/elementwise.hpp"
 
@@ -23,10 +24,6 @@ bool all_finite(const std::vector<float>& x) {
   bool ok = true;
   for (float v : x) ok &= is_finite_bits(v);
   return ok;
-}
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 bool keeps_momentum(const NsJob& job) {

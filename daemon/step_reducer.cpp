@@ -4,12 +4,13 @@
 #include <cstring>
 
 #include "core/error.hpp"
+#include "kernels/range_set.hpp"
 
 namespace muon::daemon {
 namespace {
 
 std::string range_str(int64_t begin, int64_t end) {
-  return "[" + std::to_string(begin) + ", " + std::to_string(end) + ")";
+  return range_text({begin, end});
 }
 
 }  // namespace

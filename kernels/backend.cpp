@@ -4,12 +4,7 @@
 #include <cstring>
 
 #include "core/error.hpp"
-#include "kernels/cpu_backend.hpp"
 #include "kernels/elementwise.hpp"
-
-#ifdef MUON_HAVE_CUDA
-#include "kernels/cuda_backend.hpp"
-#endif
 
 namespace muon {
 namespace {
@@ -111,36 +106,6 @@ bool Backend::muon_update(std::string_view matrix_name, const MatrixShape& shape
     update[i] = orthogonalize_input(mo.convention, mo.nesterov, m, grad[i], mo.mu);
   }
   return orthogonalize(matrix_name, shape, update, update, options.orthogonalize);
-}
-
-bool cuda_backend_built() {
-#ifdef MUON_HAVE_CUDA
-  return true;
-#else
-  return false;
-#endif
-}
-
-std::unique_ptr<Backend> make_backend(std::string_view kind, const BackendConfig& config) {
-  if (kind == "cpu") return std::make_unique<CpuBackend>(config);
-  if (kind == "cuda" || kind == "auto") {
-#ifdef MUON_HAVE_CUDA
-    try {
-      return make_cuda_backend(config);
-    } catch (const BackendUnavailable&) {
-      if (kind == "cuda") throw;
-      return std::make_unique<CpuBackend>(config);
-    }
-#else
-    if (kind == "cuda") {
-      throw BackendUnavailable(
-          "the CUDA backend is not in this build (configured with "
-          "MUON_OFFLOAD_CUDA=OFF or no nvcc found)");
-    }
-    return std::make_unique<CpuBackend>(config);
-#endif
-  }
-  throw InvalidArgument("unknown backend '" + std::string(kind) + "' (known: cpu, cuda, auto)");
 }
 
 }  // namespace muon

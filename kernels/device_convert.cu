@@ -7,7 +7,7 @@
 #include "core/cuda_check.hpp"
 #include "core/error.hpp"
 #include "kernels/device_convert.hpp"
-#include "transport/bf16.hpp"
+#include "kernels/bf16.hpp"
 
 namespace muon {
 namespace {
@@ -38,7 +38,7 @@ __global__ void __launch_bounds__(kThreads)
     narrow_kernel(const float* __restrict__ in, uint16_t* __restrict__ out, int64_t n) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * kThreads) {
-    out[i] = transport::bf16_bits_from_f32_bits(__float_as_uint(in[i]));
+    out[i] = bf16_bits_from_f32_bits(__float_as_uint(in[i]));
   }
 }
 

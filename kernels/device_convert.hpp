@@ -1,6 +1,6 @@
 // Element conversions the server's GPU data plane needs on device buffers, enqueued on a stream:
 // filling a sum's start value and narrowing fp32 updates to bf16 with the host's rounding
-// (transport/bf16.hpp: round to nearest even, NaN kept quiet), so a bf16 update is bitwise the
+// (kernels/bf16.hpp: round to nearest even, NaN kept quiet), so a bf16 update is bitwise the
 // same whether the host or the device narrowed it. The header names no CUDA type.
 #pragma once
 
@@ -14,7 +14,7 @@ namespace muon {
 /// a negative n or a null pointer with n > 0, DeviceError when the launch fails.
 void fill_device(float* out, int64_t n, float value, StreamHandle stream);
 
-/// out[i] = bf16(in[i]) (transport::bf16_bits_from_f32_bits), i in [0, n): device memory, not
+/// out[i] = bf16(in[i]) (bf16_bits_from_f32_bits), i in [0, n): device memory, not
 /// overlapping. Returns without waiting. Throws as fill_device.
 void narrow_to_bf16_device(const float* in, uint16_t* out, int64_t n, StreamHandle stream);
 

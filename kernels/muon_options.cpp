@@ -83,41 +83,103 @@ void validate(const MuonOptions& options, const MatrixShape& shape, std::string_
   }
 }
 
+namespace {
+
+// One name table per enum: the parser, the name function and the lists of accepted names all
+// read it.
+template <class E>
+struct Named {
+  std::string_view name;
+  E value;
+};
+
+constexpr Named<EpsMode> kEpsModes[] = {{"add", EpsMode::add}, {"clamp", EpsMode::clamp}};
+constexpr Named<NsAlgorithm> kAlgorithms[] = {
+    {"plain", NsAlgorithm::plain}, {"syrk", NsAlgorithm::syrk}, {"gram", NsAlgorithm::gram}};
+constexpr Named<Precision> kPrecisions[] = {{"default", Precision::backend_default},
+                                            {"fp32", Precision::fp32},
+                                            {"bf16", Precision::bf16}};
+constexpr Named<NonFinitePolicy> kNonFinite[] = {{"error", NonFinitePolicy::error},
+                                                 {"skip", NonFinitePolicy::skip}};
+constexpr Named<MomentumConvention> kConventions[] = {{"sum", MomentumConvention::sum},
+                                                      {"ema", MomentumConvention::ema},
+                                                      {"none", MomentumConvention::none}};
+
+template <class E, size_t N>
+E parse_named(const Named<E> (&table)[N], std::string_view name, const char* what) {
+  for (const auto& n : table) {
+    if (n.name == name) return n.value;
+  }
+  std::string known;
+  for (const auto& n : table) known += (known.empty() ? "" : ", ") + std::string(n.name);
+  throw InvalidArgument("unknown " + std::string(what) + " '" + std::string(name) + "' (known: " +
+                        known + ")");
+}
+
+template <class E, size_t N>
+std::string_view name_of(const Named<E> (&table)[N], E value) {
+  for (const auto& n : table) {
+    if (n.value == value) return n.name;
+  }
+  return "?";
+}
+
+template <class E, size_t N>
+std::vector<std::string> names_of(const Named<E> (&table)[N]) {
+  std::vector<std::string> out;
+  for (const auto& n : table) out.emplace_back(n.name);
+  return out;
+}
+
+}  // namespace
+
 EpsMode parse_eps_mode(std::string_view name) {
-  if (name == "add") return EpsMode::add;
-  if (name == "clamp") return EpsMode::clamp;
-  throw InvalidArgument("unknown eps mode '" + std::string(name) + "' (known: add, clamp)");
+  return parse_named(kEpsModes, name, "eps mode");
 }
-
 NsAlgorithm parse_ns_algorithm(std::string_view name) {
-  if (name == "plain") return NsAlgorithm::plain;
-  if (name == "syrk") return NsAlgorithm::syrk;
-  if (name == "gram") return NsAlgorithm::gram;
-  throw InvalidArgument("unknown Newton-Schulz algorithm '" + std::string(name) +
-                        "' (known: plain, syrk, gram)");
+  return parse_named(kAlgorithms, name, "Newton-Schulz algorithm");
 }
-
 Precision parse_precision(std::string_view name) {
-  if (name == "default") return Precision::backend_default;
-  if (name == "fp32") return Precision::fp32;
-  if (name == "bf16") return Precision::bf16;
-  throw InvalidArgument("unknown precision '" + std::string(name) +
-                        "' (known: default, fp32, bf16)");
+  return parse_named(kPrecisions, name, "precision");
 }
-
 NonFinitePolicy parse_nonfinite_policy(std::string_view name) {
-  if (name == "error") return NonFinitePolicy::error;
-  if (name == "skip") return NonFinitePolicy::skip;
-  throw InvalidArgument("unknown non-finite policy '" + std::string(name) +
-                        "' (known: error, skip)");
+  return parse_named(kNonFinite, name, "non-finite policy");
+}
+MomentumConvention parse_momentum_convention(std::string_view name) {
+  if (name == "client") return MomentumConvention::none;  // client-held momentum
+  return parse_named(kConventions, name, "momentum convention");
 }
 
-MomentumConvention parse_momentum_convention(std::string_view name) {
-  if (name == "sum") return MomentumConvention::sum;
-  if (name == "ema") return MomentumConvention::ema;
-  if (name == "none" || name == "client") return MomentumConvention::none;
-  throw InvalidArgument("unknown momentum convention '" + std::string(name) +
-                        "' (known: sum, ema, none)");
+std::string_view eps_mode_name(EpsMode mode) {
+  return name_of(kEpsModes, mode);
+}
+std::string_view ns_algorithm_name(NsAlgorithm algorithm) {
+  return name_of(kAlgorithms, algorithm);
+}
+std::string_view precision_name(Precision precision) {
+  return name_of(kPrecisions, precision);
+}
+std::string_view nonfinite_policy_name(NonFinitePolicy policy) {
+  return name_of(kNonFinite, policy);
+}
+std::string_view momentum_convention_name(MomentumConvention convention) {
+  return name_of(kConventions, convention);
+}
+
+std::vector<std::string> eps_mode_names() {
+  return names_of(kEpsModes);
+}
+std::vector<std::string> ns_algorithm_names() {
+  return names_of(kAlgorithms);
+}
+std::vector<std::string> precision_names() {
+  return names_of(kPrecisions);
+}
+std::vector<std::string> nonfinite_policy_names() {
+  return names_of(kNonFinite);
+}
+std::vector<std::string> momentum_convention_names() {
+  return names_of(kConventions);
 }
 
 }  // namespace muon

@@ -92,11 +92,26 @@ void validate(const OrthogonalizeOptions& options, const MatrixShape& shape,
               std::string_view matrix_name);
 
 /// Name parsers for the CLI, configs and the wire; each throws InvalidArgument listing the
-/// accepted names.
+/// accepted names. The names (and the *_names lists) are those of muon_option_fields().
 EpsMode parse_eps_mode(std::string_view name);
 NsAlgorithm parse_ns_algorithm(std::string_view name);
 Precision parse_precision(std::string_view name);
 NonFinitePolicy parse_nonfinite_policy(std::string_view name);
+/// "sum", "ema", "none" (alias "client": client-held momentum).
 MomentumConvention parse_momentum_convention(std::string_view name);
+
+/// The canonical name of each value (what the parsers above accept and the wire carries).
+std::string_view eps_mode_name(EpsMode mode);
+std::string_view ns_algorithm_name(NsAlgorithm algorithm);
+std::string_view precision_name(Precision precision);  ///< backend_default: "default"
+std::string_view nonfinite_policy_name(NonFinitePolicy policy);
+std::string_view momentum_convention_name(MomentumConvention convention);
+
+/// The canonical names each parser accepts, in declaration order.
+std::vector<std::string> eps_mode_names();
+std::vector<std::string> ns_algorithm_names();
+std::vector<std::string> precision_names();
+std::vector<std::string> nonfinite_policy_names();
+std::vector<std::string> momentum_convention_names();
 
 }  // namespace muon

@@ -5,19 +5,17 @@
 #include <string>
 
 #include "core/error.hpp"
+#include "kernels/bf16.hpp"
 
 namespace muon {
 namespace {
 
-// Exact bf16 -> fp32 widening: bf16 is the upper half of an IEEE float32.
-float widen(const void* data, TileDType dtype, int64_t i) {
-  if (dtype == TileDType::f32) return static_cast<const float*>(data)[i];
+// Element i of a tile, widened exactly to fp32.
+float widen(const void* data, DType dtype, int64_t i) {
+  if (dtype == DType::f32) return static_cast<const float*>(data)[i];
   uint16_t h;
   std::memcpy(&h, static_cast<const uint16_t*>(data) + i, sizeof h);
-  const uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
+  return bf16_to_f32(h);
 }
 
 }  // namespace

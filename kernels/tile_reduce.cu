@@ -58,7 +58,7 @@ void reduce_tiles(std::span<const TileSource> sources, float* accumulator, int64
       const TileSource& src = sources[l.first + j];
       if (src.data == nullptr) throw InvalidArgument("reduce_tiles: null source tile");
       s.data[j] = src.data;
-      if (src.dtype == TileDType::bf16) s.bf16_mask |= 1u << j;
+      if (src.dtype == DType::bf16) s.bf16_mask |= 1u << j;
     }
     reduce_kernel<<<grid, kThreads, 0, stream>>>(s, accumulator, count, l.assign);
     MUON_CUDA_CHECK(cudaGetLastError());

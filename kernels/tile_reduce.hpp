@@ -2,7 +2,7 @@
 // element's contributions in ascending rank order, never arrival order (daemon/step_reducer.hpp):
 //   acc = c_0;  acc = acc + c_1;  ...;  acc = acc + c_{k-1}
 // which is bitwise StepReducer::reduce (its -0.0f start plus c_0 is c_0, bit for bit). bf16
-// contributions are widened exactly to fp32 first (transport/bf16.hpp's bf16_to_f32). Both
+// contributions are widened exactly to fp32 first (kernels/bf16.hpp's bf16_to_f32). Both
 // versions walk the sources in the same launches (plan_tile_reduce), so they agree bitwise.
 // The header names no CUDA type.
 #pragma once
@@ -13,17 +13,19 @@
 #include <vector>
 
 #include "kernels/device_stream.hpp"
+#include "kernels/dtype.hpp"
 
 namespace muon {
 
-/// Element type of a contribution tile.
-enum class TileDType { f32, bf16 };
+/// The element type of a contribution tile was once its own enum; daemon/ code still names it
+/// so until the core re-cut (issue 15) replaces the name with DType.
+using TileDType = DType;
 
 /// One contributor's tile: `count` elements (the caller's count) of `dtype` at `data`
 /// (device memory for reduce_tiles, host memory for reduce_tiles_host).
 struct TileSource {
   const void* data = nullptr;
-  TileDType dtype = TileDType::f32;
+  DType dtype = DType::f32;
 };
 
 /// assign: the accumulator becomes c_0 + c_1 + ... (its old contents are ignored).

@@ -27,16 +27,4 @@ double ns_run_flops(const MuonMatrix& matrix, int steps, NsAlgorithm algorithm) 
   return per_matrix * static_cast<double>(matrix.batch * matrix.row_blocks);
 }
 
-const char* ns_algorithm_name(NsAlgorithm algorithm) {
-  switch (algorithm) {
-    case NsAlgorithm::plain:
-      return "plain";
-    case NsAlgorithm::syrk:
-      return "syrk";
-    case NsAlgorithm::gram:
-      return "gram";
-  }
-  return "?";
-}
-
 }  // namespace muon::plan

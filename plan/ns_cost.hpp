@@ -23,7 +23,4 @@ double ns_step_flops(int64_t rows, int64_t cols, NsAlgorithm algorithm);
 /// matrices of (rows / row_blocks) x cols is orthogonalized on its own.
 double ns_run_flops(const MuonMatrix& matrix, int steps, NsAlgorithm algorithm);
 
-/// "plain", "syrk", "gram".
-const char* ns_algorithm_name(NsAlgorithm algorithm);
-
 }  // namespace muon::plan

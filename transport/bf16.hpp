@@ -1,35 +1,12 @@
-// bfloat16 <-> float32 for the data plane: bf16 is the upper 16 bits of an IEEE float32.
-// float -> bf16 rounds to nearest even (as torch's .to(torch.bfloat16)); NaN stays a quiet NaN.
+// Forwarding header: the bf16 conversions live in kernels/bf16.hpp (namespace muon). Kept only
+// while daemon/engine.cpp still includes this path (its split is under way); new code includes
+// kernels/bf16.hpp.
 #pragma once
 
-#include <cstdint>
-#include <cstring>
-
-#include "kernels/elementwise.hpp"  // MUON_HD
+#include "kernels/bf16.hpp"
 
 namespace muon::transport {
-
-/// The bf16 bits of the float with bits `u`, rounded to nearest even; NaN -> quiet NaN. Shared by
-/// the host (f32_to_bf16) and the server's device narrowing (kernels/device_convert.cu).
-MUON_HD uint16_t bf16_bits_from_f32_bits(uint32_t u) {
-  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) {
-    return static_cast<uint16_t>((u >> 16) | 0x0040u);  // quiet NaN, sign kept
-  }
-  const uint32_t rounding = 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>((u + rounding) >> 16);
-}
-
-inline uint16_t f32_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return bf16_bits_from_f32_bits(u);
-}
-
-inline float bf16_to_f32(uint16_t h) {
-  const uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
+using muon::bf16_bits_from_f32_bits;
+using muon::bf16_to_f32;
+using muon::f32_to_bf16;
 }  // namespace muon::transport

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <limits>
 
+#include "kernels/muon_option_fields.hpp"
+
 namespace muon::transport {
 namespace {
 
@@ -146,55 +148,14 @@ uint32_t read_attempt(const Reader& r) {
   return static_cast<uint32_t>(r.i64_or("attempt", 0, 0, int64_t{1} << 30));
 }
 
-json options_json(const MuonOptions& o) {
-  const auto& m = o.momentum;
-  const auto& p = o.orthogonalize;
-  const char* conv = m.convention == MomentumConvention::sum   ? "sum"
-                     : m.convention == MomentumConvention::ema ? "ema"
-                                                               : "none";
-  const char* eps_mode = p.eps_mode == EpsMode::add ? "add" : "clamp";
-  const char* algo = p.algorithm == NsAlgorithm::plain  ? "plain"
-                     : p.algorithm == NsAlgorithm::syrk ? "syrk"
-                                                        : "gram";
-  const char* prec = p.precision == Precision::fp32   ? "fp32"
-                     : p.precision == Precision::bf16 ? "bf16"
-                                                      : "default";
-  return json{{"momentum", conv},
-              {"mu", m.mu},
-              {"nesterov", m.nesterov},
-              {"schedule", p.schedule},
-              {"steps", p.steps},
-              {"eps", p.eps},
-              {"eps_mode", eps_mode},
-              {"scale", std::string(scale_rule_name(p.scale_rule))},
-              {"extra_scale", p.extra_scale},
-              {"row_splits", p.row_splits},
-              {"algorithm", algo},
-              {"precision", prec},
-              {"nonfinite", p.nonfinite == NonFinitePolicy::error ? "error" : "skip"}};
-}
-
-MuonOptions read_options(const Reader& r) {
-  MuonOptions o;
-  auto& m = o.momentum;
-  auto& p = o.orthogonalize;
-  m.convention = r.parse_name("momentum", parse_momentum_convention);
-  m.mu = r.f32("mu");
-  m.nesterov = r.boolean("nesterov");
-  p.schedule = r.str("schedule", 64);
-  p.steps = static_cast<int>(r.i64("steps", 0, 100));
-  p.eps = r.f32("eps");
-  p.eps_mode = r.parse_name("eps_mode", parse_eps_mode);
-  p.scale_rule = r.parse_name("scale", parse_scale_rule);
-  p.extra_scale = r.num("extra_scale");
-  for (const auto& e : r.array("row_splits", 4096)) {
-    if (!e.is_number_integer()) r.fail("field 'row_splits' must hold integers");
-    p.row_splits.push_back(e.get<int64_t>());
+// MuonOptions inside a message: the field table's codec, its InvalidArgument as a ProtocolError
+// naming the message.
+MuonOptions read_options(const json& object, const char* message) {
+  try {
+    return options_from_json_object(object, OptionKeys::all_required);
+  } catch (const InvalidArgument& e) {
+    throw ProtocolError(std::string(message) + ": " + e.message());
   }
-  p.algorithm = r.parse_name("algorithm", parse_ns_algorithm);
-  p.precision = r.parse_name("precision", parse_precision);
-  p.nonfinite = r.parse_name("nonfinite", parse_nonfinite_policy);
-  return o;
 }
 
 }  // namespace
@@ -207,18 +168,6 @@ std::string message_type_name(uint16_t type) {
                                 "goodbye",    "status",    "status_ok",      "step_report"};
   if (type >= 1 && type < sizeof(names) / sizeof(names[0])) return names[type];
   return "type " + std::to_string(type);
-}
-
-size_t dtype_bytes(DType d) {
-  return d == DType::f32 ? 4 : 2;
-}
-const char* dtype_name(DType d) {
-  return d == DType::f32 ? "f32" : "bf16";
-}
-DType parse_dtype(const std::string& name) {
-  if (name == "f32" || name == "fp32" || name == "float32") return DType::f32;
-  if (name == "bf16" || name == "bfloat16") return DType::bf16;
-  throw InvalidArgument("unknown dtype '" + name + "' (known: f32, bf16)");
 }
 
 const char* data_plane_name(DataPlane d) {
@@ -240,10 +189,21 @@ DataPlane parse_data_plane(const std::string& name) {
 }
 
 std::string options_to_json(const MuonOptions& options) {
-  return options_json(options).dump();
+  return options_to_json_object(options).dump();
 }
 MuonOptions options_from_json(const std::string& s) {
-  return read_options(Reader(s, "options"));
+  json j;
+  try {
+    j = json::parse(s);
+  } catch (const json::exception& e) {
+    throw ProtocolError("options: payload is not valid JSON (" + std::string(e.what()) + ")");
+  }
+  if (!j.is_object()) throw ProtocolError("options: payload must be a JSON object");
+  return read_options(j, "options");
+}
+
+ErrorCode error_code(const ErrorMsg& e) {
+  return error_code_from_name(e.code).value_or(ErrorCode::internal);
 }
 
 // ---- encode ----
@@ -273,7 +233,7 @@ std::string encode(const RegisterParam& m) {
               {"shape", m.shape},
               {"grad_dtype", dtype_name(m.grad_dtype)},
               {"update_dtype", dtype_name(m.update_dtype)},
-              {"options", options_json(m.options)},
+              {"options", options_to_json_object(m.options)},
               {"push", ranges_json(m.push)},
               {"want", ranges_json(m.want)}}
       .dump();
@@ -301,7 +261,9 @@ std::string encode(const Update& m) {
       .dump();
 }
 std::string encode(const ErrorMsg& m) {
+  const auto known = error_code_from_name(m.code);
   return json{{"code", m.code},
+              {"code_id", static_cast<int>(known.value_or(ErrorCode::internal))},
               {"message", m.message},
               {"param", m.param},
               {"step", m.step},
@@ -416,7 +378,7 @@ RegisterParam decode<RegisterParam>(const std::string& p) {
   m.update_dtype = r.parse_name("update_dtype", parse_dtype);
   const auto& opts = r.field("options");
   if (!opts.is_object()) r.fail("field 'options' must be an object");
-  m.options = read_options(Reader(opts, "register_param.options"));
+  m.options = read_options(opts, "register_param.options");
   m.push = read_ranges(r, "push");
   m.want = read_ranges(r, "want");
   return m;
@@ -471,6 +433,14 @@ ErrorMsg decode<ErrorMsg>(const std::string& p) {
   Reader r(p, "error");
   ErrorMsg m;
   m.code = r.str("code", 64);
+  if (r.has("code_id")) {
+    const auto id = static_cast<int>(r.i64("code_id", 0, 1 << 20));
+    const auto named = error_code_from_name(m.code);
+    if (named && error_code_from_int(id) && static_cast<int>(*named) != id) {
+      r.fail("field 'code_id' = " + std::to_string(id) + " is not the code '" + m.code + "' (" +
+             std::to_string(static_cast<int>(*named)) + ")");
+    }
+  }
   m.message = r.str("message");
   m.param = r.str_or("param", "");
   m.step = r.i64_or("step", -1);

@@ -8,7 +8,10 @@
 #include <string>
 #include <vector>
 
+#include "core/error_code.hpp"
+#include "kernels/dtype.hpp"
 #include "kernels/muon_options.hpp"
+#include "kernels/range_set.hpp"
 #include "transport/cuda_ipc_handle.hpp"
 #include "transport/frame.hpp"
 #include "transport/nccl_id.hpp"
@@ -40,18 +43,13 @@ enum class MessageType : uint16_t {
 /// Readable name of a message type ("register_param"), or "type <n>".
 std::string message_type_name(uint16_t type);
 
-/// Element type of gradient and update bytes on the data plane.
-enum class DType : uint8_t { f32, bf16 };
-size_t dtype_bytes(DType d);
-const char* dtype_name(DType d);
-DType parse_dtype(const std::string& name);  ///< "f32"|"fp32"|"float32", "bf16"|"bfloat16"
-
-/// A half-open element range [begin, end) over a parameter's flattened elements.
-struct Range {
-  int64_t begin = 0;
-  int64_t end = 0;
-  int64_t size() const { return end - begin; }
-};
+// The element type (kernels/dtype.hpp) and element ranges (kernels/range_set.hpp) of the data
+// plane, under the names the protocol has always used.
+using muon::DType;
+using muon::dtype_bytes;
+using muon::dtype_name;
+using muon::parse_dtype;
+using muon::Range;
 
 /// How a session's gradient and update bytes move (the control plane is always the socket):
 ///   shm       host shared memory: one segment per session holding both rings (any backend);
@@ -170,13 +168,19 @@ struct Update {
   bool applied = true;  ///< false when the step was skipped (non-finite policy skip): zeros
 };
 
+/// On the wire as {"code": name, "code_id": integer} (core/error_code.hpp); code_id is optional
+/// when decoding (a peer that predates it) and must name the same code as `code` when both are
+/// known to this build.
 struct ErrorMsg {
-  std::string code;     ///< "bad_request", "unknown_parameter", "peer_lost", "timeout", ...
+  std::string code;     ///< an ErrorCode's name: "bad_request", "peer_lost", "timeout", ...
   std::string message;  ///< readable, names the parameter / rank involved
   std::string param;    ///< empty when not about one parameter
   int64_t step = -1;
   int rank = -1;  ///< the rank the error is about (a lost peer), -1 when none
 };
+
+/// The ErrorCode `e.code` names; ErrorCode::internal for a name this build does not know.
+ErrorCode error_code(const ErrorMsg& e);
 
 struct SnapshotRequest {
   std::string path;  ///< empty: the server's configured snapshot path
@@ -220,8 +224,8 @@ std::string encode(const StepReport&);
 template <class T>
 T decode(const std::string& payload);
 
-/// MuonOptions <-> JSON object with the option names of the CLI (schedule, steps, eps, eps_mode,
-/// scale, extra_scale, row_splits, algorithm, precision, nonfinite, momentum, mu, nesterov).
+/// MuonOptions <-> the JSON object of every field of kernels/muon_option_fields.hpp (all of
+/// them required when decoding); decode errors are ProtocolError "options: field ...".
 std::string options_to_json(const MuonOptions& options);
 MuonOptions options_from_json(const std::string& json_object);
 

@@ -18,8 +18,8 @@ static_assert(sizeof(ncclUniqueId) == kNcclIdBytes);
 using Clock = std::chrono::steady_clock;
 constexpr auto kPoll = std::chrono::microseconds(100);
 
-ncclDataType_t nccl_type(TileDType t) {
-  return t == TileDType::bf16 ? ncclBfloat16 : ncclFloat32;
+ncclDataType_t nccl_type(DType t) {
+  return t == DType::bf16 ? ncclBfloat16 : ncclFloat32;
 }
 
 }  // namespace

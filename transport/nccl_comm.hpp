@@ -13,7 +13,7 @@
 #include <span>
 
 #include "kernels/device_stream.hpp"
-#include "kernels/tile_reduce.hpp"
+#include "kernels/dtype.hpp"
 #include "transport/nccl_id.hpp"
 
 namespace muon::transport {
@@ -26,14 +26,14 @@ NcclIdBytes new_nccl_id();
 struct SendTile {
   const void* data = nullptr;
   size_t count = 0;
-  TileDType dtype = TileDType::f32;
+  DType dtype = DType::f32;
 };
 
 /// A tile to receive into.
 struct RecvTile {
   void* data = nullptr;
   size_t count = 0;
-  TileDType dtype = TileDType::f32;
+  DType dtype = DType::f32;
 };
 
 /// One rank of a communicator on the current device. Not thread-safe.

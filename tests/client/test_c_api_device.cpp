@@ -39,6 +39,7 @@ TEST(CApiDataPlane, UnknownDataPlaneIsInvalid) {
   int rc = 0;
   EXPECT_EQ(create(server.socket(), "nvlink", &rc), nullptr);
   EXPECT_EQ(rc, MUON_ERR_INVALID);
+  EXPECT_EQ(muon_last_error_code(), 17);  // invalid_argument
   const std::string msg = muon_last_error();
   EXPECT_NE(msg.find("cuda_ipc"), std::string::npos) << msg;
 }
@@ -49,6 +50,8 @@ TEST(CApiDataPlane, CpuServerRefusesCudaIpc) {
   int rc = 0;
   EXPECT_EQ(create(server.socket(), "cuda_ipc", &rc), nullptr);
   EXPECT_EQ(rc, MUON_ERR_SERVER);
+  EXPECT_EQ(muon_last_error_code(), 3);  // the server's "unsupported"
+  EXPECT_STREQ(muon_error_code_name(muon_last_error_code()), "unsupported");
   const std::string msg = muon_last_error();
   EXPECT_NE(msg.find("cuda_ipc"), std::string::npos) << msg;
   EXPECT_NE(msg.find("cpu"), std::string::npos) << msg;

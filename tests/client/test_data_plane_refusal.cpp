@@ -16,7 +16,7 @@ TEST(DataPlane, CpuServerRefusesCudaIpcWithItsReason) {
     FAIL() << "a CPU server accepted data plane cuda_ipc";
   } catch (const client::ServerError& e) {
     const std::string what = e.what();
-    EXPECT_EQ(e.code, "unsupported") << what;
+    EXPECT_EQ(e.code, ErrorCode::unsupported) << what;
     EXPECT_NE(what.find("cuda_ipc"), std::string::npos) << what;
     EXPECT_NE(what.find("cpu"), std::string::npos) << what;
     EXPECT_NE(what.find(server.socket()), std::string::npos) << what;

@@ -79,7 +79,7 @@ void expect_refused(const client::ClientConfig& cfg) {
     FAIL() << "a TCP hello without the right token was accepted";
   } catch (const client::ServerError& e) {
     const std::string what = e.what();
-    EXPECT_EQ(e.code, "unauthorized") << what;
+    EXPECT_EQ(e.code, ErrorCode::unauthorized) << what;
     EXPECT_NE(what.find("token"), std::string::npos) << what;
     EXPECT_NE(what.find(cfg.servers[0]), std::string::npos) << what;
   }
@@ -177,7 +177,7 @@ TEST(Tcp, RemoteDataPlaneAppliesToTcpEndpointsOnly) {
     client::Client c(cfg);
     FAIL() << "a CPU server accepted the nccl data plane";
   } catch (const client::ServerError& e) {
-    EXPECT_EQ(e.code, "unsupported") << e.what();
+    EXPECT_EQ(e.code, ErrorCode::unsupported) << e.what();
     EXPECT_NE(std::string(e.what()).find("nccl"), std::string::npos) << e.what();
   } catch (const BackendUnavailable& e) {  // a client built without NCCL refuses first
     EXPECT_NE(std::string(e.what()).find("NCCL"), std::string::npos) << e.what();

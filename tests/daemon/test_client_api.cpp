@@ -32,7 +32,7 @@ void expect_server_error(F&& f, const std::string& code, const std::string& need
     f();
     FAIL() << "expected a ServerError " << code << " containing: " << needle;
   } catch (const client::ServerError& e) {
-    EXPECT_EQ(e.code, code) << e.what();
+    EXPECT_EQ(error_code_name(e.code), code) << e.what();
     EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
   }
 }

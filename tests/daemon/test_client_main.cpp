@@ -99,7 +99,7 @@ Args parse(int argc, char** argv) {
 
 void write_error(const Args& a, const client::ServerError& e) {
   std::ofstream f(a.out + ".err");
-  f << e.code << "\n" << e.rank << "\n" << e.param << "\n" << e.what() << "\n";
+  f << error_code_name(e.code) << "\n" << e.rank << "\n" << e.param << "\n" << e.what() << "\n";
 }
 
 }  // namespace

@@ -61,9 +61,6 @@ double tolerance(Precision p) {
   return p == Precision::fp32 ? kFp32Tolerance : kBf16Tolerance;
 }
 
-const char* precision_name(Precision p) {
-  return p == Precision::fp32 ? "fp32" : "bf16";
-}
 
 // Creates the CUDA backend for each test, or skips the test with the reason.
 class CudaVsCpu : public ::testing::Test {

@@ -32,9 +32,6 @@ constexpr double kBf16Tolerance = 3e-2;
 double tolerance(Precision p) {
   return p == Precision::fp32 ? kFp32Tolerance : kBf16Tolerance;
 }
-const char* precision_name(Precision p) {
-  return p == Precision::fp32 ? "fp32" : "bf16";
-}
 
 double rel_error(const std::vector<float>& a, const std::vector<float>& b) {
   double num = 0, den = 0;

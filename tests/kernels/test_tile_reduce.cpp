@@ -17,7 +17,7 @@
 #include "daemon/registration.hpp"
 #include "daemon/step_reducer.hpp"
 #include "kernels/tile_reduce.hpp"
-#include "transport/bf16.hpp"
+#include "kernels/bf16.hpp"
 
 #ifdef MUON_HAVE_CUDA
 #include "kernels/device_probe.hpp"
@@ -35,11 +35,11 @@ namespace {
 
 // One contributor's values: fp32, or bf16 bits (`bits`) with `values` their exact widening.
 struct Contribution {
-  TileDType dtype = TileDType::f32;
+  DType dtype = DType::f32;
   std::vector<float> values;
   std::vector<uint16_t> bits;
   TileSource source() const {
-    return {dtype == TileDType::f32 ? static_cast<const void*>(values.data())
+    return {dtype == DType::f32 ? static_cast<const void*>(values.data())
                                     : static_cast<const void*>(bits.data()),
             dtype};
   }
@@ -54,17 +54,17 @@ std::vector<Contribution> contributions(int ranks, int64_t n, unsigned seed, int
   std::vector<Contribution> out(static_cast<size_t>(ranks));
   for (int r = 0; r < ranks; ++r) {
     auto& c = out[static_cast<size_t>(r)];
-    c.dtype = bf16_every > 0 && r % bf16_every == bf16_every - 1 ? TileDType::bf16 : TileDType::f32;
+    c.dtype = bf16_every > 0 && r % bf16_every == bf16_every - 1 ? DType::bf16 : DType::f32;
     c.values.resize(static_cast<size_t>(n));
     for (auto& v : c.values) {
       const int k = pick(gen);
       v = k == 0 ? 1e8f * (noise(gen) > 0 ? 1.0f : -1.0f) : (k == 1 ? 1e-3f : 1.0f) * noise(gen);
     }
-    if (c.dtype == TileDType::bf16) {
+    if (c.dtype == DType::bf16) {
       c.bits.resize(c.values.size());
       for (size_t i = 0; i < c.values.size(); ++i) {
-        c.bits[i] = transport::f32_to_bf16(c.values[i]);
-        c.values[i] = transport::bf16_to_f32(c.bits[i]);  // what the server widens to
+        c.bits[i] = f32_to_bf16(c.values[i]);
+        c.values[i] = bf16_to_f32(c.bits[i]);  // what the server widens to
       }
     }
   }
@@ -184,9 +184,9 @@ TEST(TileReduceHost, ReductionContinuedAcrossCallsEqualsOneCall) {
 TEST(TileReduceHost, RejectsBadArguments) {
   std::vector<float> acc(4), a(4, 1.0f);
   EXPECT_THROW(reduce_tiles_host({}, acc.data(), 4, TileReduce::assign), InvalidArgument);
-  const std::vector<TileSource> null_source = {{nullptr, TileDType::f32}};
+  const std::vector<TileSource> null_source = {{nullptr, DType::f32}};
   EXPECT_THROW(reduce_tiles_host(null_source, acc.data(), 4, TileReduce::assign), InvalidArgument);
-  const std::vector<TileSource> ok = {{a.data(), TileDType::f32}};
+  const std::vector<TileSource> ok = {{a.data(), DType::f32}};
   EXPECT_THROW(reduce_tiles_host(ok, acc.data(), -1, TileReduce::assign), InvalidArgument);
   EXPECT_NO_THROW(reduce_tiles_host({}, acc.data(), 4, TileReduce::accumulate));  // nothing to add
 }
@@ -213,12 +213,12 @@ class TileReduceDevice : public ::testing::Test {
     std::vector<std::unique_ptr<DeviceVector<uint16_t>>> bf16;
     std::vector<TileSource> sources;
     for (size_t i = first; i < std::min(last, cs.size()); ++i) {
-      if (cs[i].dtype == TileDType::f32) {
+      if (cs[i].dtype == DType::f32) {
         f32.push_back(std::make_unique<DeviceVector<float>>(cs[i].values));
-        sources.push_back({f32.back()->get(), TileDType::f32});
+        sources.push_back({f32.back()->get(), DType::f32});
       } else {
         bf16.push_back(std::make_unique<DeviceVector<uint16_t>>(cs[i].bits));
-        sources.push_back({bf16.back()->get(), TileDType::bf16});
+        sources.push_back({bf16.back()->get(), DType::bf16});
       }
     }
     reduce_tiles(sources, acc.get(), static_cast<int64_t>(acc.size()), mode, nullptr);
@@ -257,7 +257,7 @@ TEST_F(TileReduceDevice, Bf16AndAContinuedReduction) {
 TEST_F(TileReduceDevice, RejectsBadArgumentsBeforeLaunching) {
   DeviceVector<float> acc(4);
   EXPECT_THROW(reduce_tiles({}, acc.get(), 4, TileReduce::assign, nullptr), InvalidArgument);
-  const std::vector<TileSource> null_source = {{nullptr, TileDType::f32}};
+  const std::vector<TileSource> null_source = {{nullptr, DType::f32}};
   EXPECT_THROW(reduce_tiles(null_source, acc.get(), 4, TileReduce::assign, nullptr),
                InvalidArgument);
 }

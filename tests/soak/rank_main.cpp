@@ -245,7 +245,7 @@ class SoakRank {
                  hex(update_hash(updates_[pi].data(), static_cast<int64_t>(updates_[pi].size()))));
         ++next_[pi];
       } catch (const client::ServerError& e) {
-        report(e.code, e.param, e.step, e.rank, e.what());
+        report(std::string(error_code_name(e.code)), e.param, e.step, e.rank, e.what());
         ++errors;
       } catch (const client::Timeout& e) {
         report("timeout", name, next_[pi], a_.rank, e.what());

@@ -17,13 +17,13 @@ namespace muon::testing {
 
 struct TileSpec {
   size_t count;
-  TileDType dtype;
+  DType dtype;
 };
 inline constexpr TileSpec kNcclTiles[] = {
-    {1000, TileDType::f32}, {777, TileDType::bf16}, {(size_t{1} << 20) + 1, TileDType::f32}};
+    {1000, DType::f32}, {777, DType::bf16}, {(size_t{1} << 20) + 1, DType::f32}};
 
 inline size_t tile_bytes(const TileSpec& t) {
-  return t.count * (t.dtype == TileDType::bf16 ? 2 : 4);
+  return t.count * (t.dtype == DType::bf16 ? 2 : 4);
 }
 
 /// Device buffers for kNcclTiles: send tiles holding pattern(seed * 10 + i), zeroed receive tiles.

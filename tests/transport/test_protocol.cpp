@@ -1,11 +1,12 @@
 // Control-plane frames and messages: round trips, stream reassembly, and a clear error for each
 // kind of bad input.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <limits>
 #include <random>
 
-#include "transport/bf16.hpp"
+#include "kernels/bf16.hpp"
 #include "transport/frame.hpp"
 #include "transport/messages.hpp"
 
@@ -232,4 +233,22 @@ TEST(Bf16, RoundsToNearestEvenAndKeepsSpecials) {
   EXPECT_TRUE(std::isnan(nan));
   // The largest finite float rounds to infinity in bf16, as torch does.
   EXPECT_EQ(f32_to_bf16(std::numeric_limits<float>::max()), 0x7f80);
+}
+
+TEST(Messages, ErrorsCarryTheirCodeAsNameAndStableInteger) {
+  const ErrorMsg e{"peer_lost", "rank 1 disconnected", "w", 7, 1};
+  const auto wire = nlohmann::json::parse(encode(e));
+  EXPECT_EQ(wire.at("code"), "peer_lost");
+  EXPECT_EQ(wire.at("code_id"), 5);
+  const auto back = decode<ErrorMsg>(encode(e));
+  EXPECT_EQ(error_code(back), ErrorCode::peer_lost);
+  EXPECT_EQ(back.step, 7);
+  // A peer that predates code_id: the name alone; a name this build does not know: internal.
+  EXPECT_EQ(error_code(decode<ErrorMsg>(R"({"code":"timeout","message":"m"})")), ErrorCode::timeout);
+  EXPECT_EQ(error_code(decode<ErrorMsg>(R"({"code":"from_the_future","code_id":99,"message":"m"})")),
+            ErrorCode::internal);
+  // Name and integer must agree when both are known.
+  expect_protocol_error(
+      [] { decode<ErrorMsg>(R"({"code":"timeout","code_id":5,"message":"m"})"); },
+      "field 'code_id' = 5 is not the code 'timeout' (6)");
 }
