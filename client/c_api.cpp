@@ -1,17 +1,18 @@
 // The C ABI of client/muon_client.h over muon::client::Client.
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 
+#include "client/c_abi_args.hpp"
+#include "client/c_abi_status.hpp"
 #include "client/client.hpp"
+#include "client/cuda_runtime_loader.hpp"
 #include "client/device_copy.hpp"
 #include "client/muon_client.h"
 #include "core/error_code.hpp"
 #include "kernels/muon_option_fields.hpp"
-#include "kernels/backend.hpp"
 
 struct muon_client {
   std::unique_ptr<muon::client::Client> impl;
@@ -19,81 +20,16 @@ struct muon_client {
 
 namespace {
 
-using muon::ErrorCode;
+using muon::capi::dims;
+using muon::capi::options;
+using muon::capi::ranges;
 
-thread_local std::string g_last_error;
-thread_local ErrorCode g_last_code = ErrorCode::none;
+thread_local muon::capi::CAbiStatus g_last;
 
-int fail(int status, ErrorCode code, const std::string& message) {
-  g_last_error = message;
-  g_last_code = code;
-  return status;
-}
-
-// Runs `f`, mapping exceptions to a MUON_ERR_* status, an ErrorCode and a message.
+// Runs `f` with this library's last-failure record (client/c_abi_status.hpp).
 template <class F>
 int guarded(F&& f) {
-  try {
-    g_last_error.clear();
-    g_last_code = ErrorCode::none;
-    return f();
-  } catch (const muon::client::ServerError& e) {
-    switch (e.code) {
-      case ErrorCode::non_finite:
-        return fail(MUON_ERR_NONFINITE, e.code, e.what());
-      case ErrorCode::peer_lost:
-        return fail(MUON_ERR_PEER_LOST, e.code, e.what());
-      case ErrorCode::timeout:
-        return fail(MUON_ERR_TIMEOUT, e.code, e.what());
-      default:
-        // The code's name also travels in the message, for callers that read it from there.
-        return fail(MUON_ERR_SERVER, e.code,
-                    std::string(e.what()) + " (server error code: " +
-                        std::string(muon::error_code_name(e.code)) + ")");
-    }
-  } catch (const muon::client::ConnectionLost& e) {
-    return fail(MUON_ERR_CONNECTION, ErrorCode::connection_lost, e.what());
-  } catch (const muon::client::Timeout& e) {
-    return fail(MUON_ERR_TIMEOUT, ErrorCode::timeout, e.what());
-  } catch (const muon::NonFiniteError& e) {
-    return fail(MUON_ERR_NONFINITE, ErrorCode::non_finite, e.what());
-  } catch (const muon::InvalidArgument& e) {
-    return fail(MUON_ERR_INVALID, ErrorCode::invalid_argument, e.what());
-  } catch (const muon::DeviceError& e) {
-    return fail(MUON_ERR_DEVICE, ErrorCode::device, e.what());
-  } catch (const muon::BackendUnavailable& e) {
-    return fail(MUON_ERR_UNAVAILABLE, ErrorCode::unavailable, e.what());
-  } catch (const std::exception& e) {
-    return fail(MUON_ERR_INTERNAL, ErrorCode::internal, e.what());
-  }
-}
-
-std::vector<muon::transport::Range> ranges(const int64_t* flat, int n, const char* what) {
-  if (n < 0 || (n > 0 && flat == nullptr)) {
-    throw muon::InvalidArgument(std::string(what) + ": bad range array");
-  }
-  std::vector<muon::transport::Range> out;
-  for (int i = 0; i < n; ++i) out.push_back({flat[2 * i], flat[2 * i + 1]});
-  return out;
-}
-
-// The caller's options over the defaults (missing fields keep them, unknown ones are refused):
-// kernels/muon_option_fields.hpp.
-muon::MuonOptions options(const char* json_text) {
-  using nlohmann::json;
-  if (!json_text || !*json_text) return {};
-  json user;
-  try {
-    user = json::parse(json_text);
-  } catch (const json::exception& e) {
-    throw muon::InvalidArgument(std::string("options are not valid JSON: ") + e.what());
-  }
-  return muon::options_from_json_object(user, muon::OptionKeys::overrides);
-}
-
-std::vector<int64_t> dims(const int64_t* shape, int ndim) {
-  if (ndim < 0 || ndim > 8 || (ndim > 0 && !shape)) throw muon::InvalidArgument("bad shape array");
-  return std::vector<int64_t>(shape, shape + ndim);
+  return muon::capi::guarded(g_last, std::forward<F>(f));
 }
 
 // InvalidArgument unless dst_bytes is the parameter's packed want ranges in the update dtype.
@@ -113,11 +49,11 @@ void check_update_bytes(muon_client& c, const char* name, int64_t dst_bytes) {
 extern "C" {
 
 const char* muon_last_error(void) {
-  return g_last_error.c_str();
+  return g_last.message.c_str();
 }
 
 int muon_last_error_code(void) {
-  return static_cast<int>(g_last_code);
+  return static_cast<int>(g_last.code);
 }
 
 const char* muon_error_code_name(int code) {
@@ -139,6 +75,16 @@ int muon_client_create(const char* const* servers, int n_servers, int rank, int 
 
 int muon_client_has_cuda(void) {
   return muon::client::built_with_cuda() ? 1 : 0;
+}
+
+const char* muon_client_cuda_runtime(void) {
+  static const std::string origin = muon::client::cuda_runtime_origin();
+  g_last = {};
+  if (origin.empty()) {
+    g_last.fail(MUON_ERR_UNAVAILABLE, muon::ErrorCode::unavailable,
+                muon::client::cuda_runtime_failure());
+  }
+  return origin.c_str();
 }
 
 int muon_client_create_ex(const char* const* servers, int n_servers, int rank, int world_size,
@@ -310,24 +256,6 @@ int muon_client_report_step(muon_client* c, int64_t step, double* exposed_wait_s
       slowest[n] = '\0';
     }
     return MUON_OK;
-  });
-}
-
-int muon_local_update(const char* name, const int64_t* shape, int ndim, const char* options_json,
-                      const float* grad, float* momentum, float* update, int threads) {
-  return guarded([&] {
-    thread_local std::unique_ptr<muon::Backend> backend;
-    thread_local int backend_threads = -1;
-    if (!backend || backend_threads != threads) {
-      muon::BackendConfig bc;
-      bc.cpu_threads = threads;
-      backend = muon::make_backend("cpu", bc);
-      backend_threads = threads;
-    }
-    const std::string n = name ? name : "?";
-    const auto s = muon::matrix_shape_from_dims(dims(shape, ndim), n);
-    const bool applied = backend->muon_update(n, s, grad, momentum, update, options(options_json));
-    return applied ? 0 : 1;
   });
 }
 

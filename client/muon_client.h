@@ -1,8 +1,8 @@
 /* C ABI of the muon-offload client library (for Python via ctypes and other languages).
  *
- * Every function returns MUON_OK (0) or a negative MUON_ERR_* code; the message of the last
- * failure on the calling thread (naming the parameter, rank or server involved) is returned by
- * muon_last_error(). Handles are not thread-safe: one thread per handle at a time.
+ * Every function returns MUON_OK (0) or a negative MUON_ERR_* code (muon_status.h); the message
+ * of the last failure on the calling thread (naming the parameter, rank or server involved) is
+ * returned by muon_last_error(). Handles are not thread-safe: one thread per handle at a time.
  *
  * Ranges are passed as flat int64 arrays [begin0, end0, begin1, end1, ...] of element indices
  * over the parameter's flattened elements. Options are a JSON object with the fields of
@@ -15,22 +15,11 @@
 
 #include <stdint.h>
 
+#include "muon_status.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-enum {
-  MUON_OK = 0,
-  MUON_ERR_INVALID = -1,    /* bad argument (shape, name, range, options) */
-  MUON_ERR_SERVER = -2,     /* the server refused or failed the request */
-  MUON_ERR_CONNECTION = -3, /* the server is unreachable or the connection was lost */
-  MUON_ERR_TIMEOUT = -4,    /* a wait ran past its timeout */
-  MUON_ERR_NONFINITE = -5,  /* NaN/Inf in a gradient (policy error) */
-  MUON_ERR_PEER_LOST = -6,  /* another rank of the job was lost mid-step */
-  MUON_ERR_INTERNAL = -7,
-  MUON_ERR_DEVICE = -8,     /* a CUDA call failed (e.g. no usable GPU: driver too old, no device) */
-  MUON_ERR_UNAVAILABLE = -9 /* not available in this build (e.g. built without CUDA) */
-};
 
 typedef struct muon_client muon_client;
 
@@ -79,6 +68,12 @@ int muon_client_create_auth(const char* const* servers, int n_servers, int rank,
 void muon_client_destroy(muon_client* c);
 /* 1 when this library was built with CUDA (the *_device functions and cuda_ipc can work). */
 int muon_client_has_cuda(void);
+/* The CUDA runtime this library uses. The library links none: at the first use of a device
+ * function it takes the one already in the process (PyTorch's; then "libcudart.so.13 (already
+ * loaded)"), else loads one by soname, else the toolkit's it was built against (its path). Calling
+ * this loads it. "" when none could be loaded or the library was built without CUDA; the reason is
+ * then muon_last_error() (MUON_ERR_UNAVAILABLE, "unavailable"). Static storage; never NULL. */
+const char* muon_client_cuda_runtime(void);
 
 /* Registers one parameter with server `server` and waits until every rank registered it.
  * grad_dtype / update_dtype: "f32" or "bf16". */
@@ -130,11 +125,8 @@ int muon_client_report_step(muon_client* c, int64_t step, double* exposed_wait_s
                             int64_t* bytes_pushed, int* parameters, char* slowest,
                             int64_t slowest_len);
 
-/* In-process Muon with the same kernels as the server (CPU backend, `threads` OpenBLAS threads):
- * momentum (may be NULL for momentum "none") is updated in place and the update written.
- * Returns 0, or 1 when the step was skipped by the non-finite policy "skip". */
-int muon_local_update(const char* name, const int64_t* shape, int ndim, const char* options_json,
-                      const float* grad, float* momentum, float* update, int threads);
+/* The in-process Muon (muon_local_update) is not in this library: it is
+ * libmuon_offload_reference.so (muon_reference.h), so that trainers that offload load no BLAS. */
 
 #ifdef __cplusplus
 }

@@ -30,7 +30,8 @@ if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then
   [ "$GPU" = 1 ] && CUDA_OPT=AUTO
   cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMUON_OFFLOAD_CUDA=$CUDA_OPT
 fi
-cmake --build "$BUILD_DIR" -j"$JOBS" --target muon-offloadd muon-offload muon_offload_client
+cmake --build "$BUILD_DIR" -j"$JOBS" --target muon-offloadd muon-offload muon_offload_client \
+  muon_offload_reference
 T_BUILT=$(date +%s)
 
 BUILD_DIR=$(cd "$BUILD_DIR" && pwd)

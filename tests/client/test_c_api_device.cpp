@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "client/muon_client.h"
+#include "client/muon_reference.h"
 #include "scenario.hpp"
 #include "server_process.hpp"
 
@@ -74,7 +75,7 @@ TEST(CApiDataPlane, DeviceCallsReportCodeAndMessageAndTheSessionLivesOn) {
   ASSERT_EQ(muon_local_update("w", shape, 2, "{\"mu\": 0.9}", g.data(), momentum.data(),
                               expected.data(), kThreads),
             0)
-      << muon_last_error();
+      << muon_reference_last_error();
 
   rc = muon_client_push_device(c, "w", 0, 0, g.data(), 96, nullptr);
   EXPECT_TRUE(device_error_code(rc)) << rc;

@@ -1,9 +1,15 @@
-"""ctypes bindings of the C ABI in client/muon_client.h (libmuon_offload_client.so).
+"""ctypes bindings of the C ABIs in client/muon_client.h (libmuon_offload_client.so) and
+client/muon_reference.h (libmuon_offload_reference.so, the in-process reference).
 
-The library is found through, in order:
+The client library is found through, in order:
   1. the environment variable ``MUON_OFFLOAD_LIB`` (path of the .so),
   2. ``<repo>/build/client/libmuon_offload_client.so`` (what ``scripts/test.sh`` and
      ``scripts/demo.sh`` build).
+The reference library, loaded only by :func:`~muon_offload.local_update` and ``InProcessMuon``
+(it brings OpenBLAS; the client library carries no BLAS, cuBLAS or CUDA runtime), through:
+  1. ``MUON_OFFLOAD_REFERENCE_LIB`` (path of the .so),
+  2. next to the client library (its folder, as the build and an install lay them out),
+  3. ``<repo>/build/client/libmuon_offload_reference.so``.
 
 Every C function returns 0 or a negative ``MUON_ERR_*`` code; :func:`check` turns a code into the
 matching Python exception carrying ``muon_last_error()`` (the message names the server, parameter,
@@ -21,7 +27,8 @@ import threading
 __all__ = [
     "MuonOffloadError", "InvalidArgument", "ServerError", "ConnectionLost", "PeerLost",
     "NonFiniteGradient", "Timeout", "DeviceError", "BackendUnavailable", "lib", "check",
-    "library_path", "has_cuda",
+    "library_path", "has_cuda", "reference_lib", "reference_library_path", "check_reference",
+    "cuda_runtime",
 ]
 
 MUON_OK = 0
@@ -123,8 +130,9 @@ def library_path() -> str:
         f"{_LIB_NAME} not found: set MUON_OFFLOAD_LIB to its path, or build it into "
         f"{_repo_root() / 'build'} with\n"
         f"  cmake -S {_repo_root()} -B {_repo_root() / 'build'} && "
-        f"cmake --build {_repo_root() / 'build'} --target muon_offload_client muon-offloadd "
-        f"muon-offload\n(scripts/demo.sh and scripts/test.sh do this)")
+        f"cmake --build {_repo_root() / 'build'} --target muon_offload_client "
+        f"muon_offload_reference muon-offloadd muon-offload\n(scripts/demo.sh and scripts/test.sh "
+        f"do this)")
 
 
 _lib = None
@@ -147,6 +155,7 @@ def _declare(lib: ctypes.CDLL) -> None:
                                         ctypes.POINTER(ctypes.c_void_p)]),
         "muon_client_destroy": (None, [h]),
         "muon_client_has_cuda": (i, []),
+        "muon_client_cuda_runtime": (cp, []),
         "muon_client_register": (i, [h, cp, c_int64_p, i, cp, cp, cp, c_int64_p, i, c_int64_p, i,
                                      i]),
         "muon_client_push": (i, [h, cp, i64, i64, vp, i64]),
@@ -161,12 +170,33 @@ def _declare(lib: ctypes.CDLL) -> None:
         "muon_client_reconnect": (i, [h]),
         "muon_client_report_step": (i, [h, i64, ctypes.POINTER(ctypes.c_double), c_int64_p,
                                         ctypes.POINTER(i), cp, i64]),
-        "muon_local_update": (i, [cp, c_int64_p, i, cp, vp, vp, vp, i]),
     }
+    _set_signatures(lib, sigs)
+
+
+def _set_signatures(lib: ctypes.CDLL, sigs) -> None:
     for name, (res, args) in sigs.items():
         f = getattr(lib, name)
         f.restype = res
         f.argtypes = args
+
+
+def _declare_reference(lib: ctypes.CDLL) -> None:
+    i, vp, cp = ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p
+    _set_signatures(lib, {
+        "muon_reference_last_error": (cp, []),
+        "muon_reference_last_error_code": (i, []),
+        "muon_local_update": (i, [cp, c_int64_p, i, cp, vp, vp, vp, i]),
+    })
+
+
+def _load(path: str, declare) -> ctypes.CDLL:
+    try:
+        loaded = ctypes.CDLL(path)
+    except OSError as e:
+        raise MuonOffloadError(f"cannot load {path}: {e}") from None
+    declare(loaded)
+    return loaded
 
 
 def lib() -> ctypes.CDLL:
@@ -174,14 +204,63 @@ def lib() -> ctypes.CDLL:
     global _lib
     with _lib_lock:
         if _lib is None:
-            path = library_path()
-            try:
-                loaded = ctypes.CDLL(path)
-            except OSError as e:
-                raise MuonOffloadError(f"cannot load {path}: {e}") from None
-            _declare(loaded)
-            _lib = loaded
+            _lib = _load(library_path(), _declare)
         return _lib
+
+
+_REFERENCE_NAME = "libmuon_offload_reference.so"
+_reference = None
+
+
+def reference_library_path() -> str:
+    """Path of libmuon_offload_reference.so (see the module docstring for the search order).
+    Raises MuonOffloadError naming the places looked at when it is in none of them."""
+    env = os.environ.get("MUON_OFFLOAD_REFERENCE_LIB")
+    if env:
+        if not os.path.isfile(env):
+            raise MuonOffloadError(f"MUON_OFFLOAD_REFERENCE_LIB={env} does not exist")
+        return env
+    looked = []
+    try:
+        looked.append(pathlib.Path(library_path()).resolve().parent / _REFERENCE_NAME)
+    except MuonOffloadError:
+        pass  # no client library either: the build folder is the last place to look
+    looked.append(_repo_root() / "build" / "client" / _REFERENCE_NAME)
+    for candidate in looked:
+        if candidate.is_file():
+            return str(candidate)
+    raise MuonOffloadError(
+        f"{_REFERENCE_NAME} (the in-process reference of local_update and InProcessMuon) not "
+        f"found in {', '.join(str(p.parent) for p in looked)}: set MUON_OFFLOAD_REFERENCE_LIB to "
+        f"its path, or build it (cmake --build build --target muon_offload_reference)")
+
+
+def reference_lib() -> ctypes.CDLL:
+    """The loaded reference library (loaded on first use)."""
+    global _reference
+    with _lib_lock:
+        if _reference is None:
+            _reference = _load(reference_library_path(), _declare_reference)
+        return _reference
+
+
+def check_reference(rc: int, what: str = "") -> int:
+    """:func:`check` for calls into the reference library (which keeps its own last error)."""
+    if rc >= 0:
+        return rc
+    msg = reference_lib().muon_reference_last_error().decode("utf-8", "replace")
+    raise _ERRORS.get(rc, MuonOffloadError)(f"{what}: {msg}" if what else msg, rc)
+
+
+def cuda_runtime() -> str:
+    """The CUDA runtime the client library uses (loading it now): "libcudart.so.13 (already
+    loaded)" when it shares the one in the process (PyTorch's), else the soname or path it
+    loaded. Raises BackendUnavailable, with the reason, when there is none (no runtime found, or
+    a library built without CUDA)."""
+    origin = lib().muon_client_cuda_runtime().decode()
+    if not origin:
+        raise BackendUnavailable(last_error(), MUON_ERR_UNAVAILABLE)
+    return origin
 
 
 def has_cuda() -> bool:

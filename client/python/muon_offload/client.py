@@ -367,14 +367,17 @@ def local_update(name: str, shape: Sequence[int], options: Optional[Mapping], gr
     """In-process Muon with the server's CPU kernels (OpenBLAS with ``threads`` threads):
     updates ``momentum`` (fp32, in place; None for momentum "none") and writes ``update``.
     Returns False when the non-finite policy "skip" skipped the step. With the same thread
-    count as the server (``muon-offloadd --threads``) the update is bitwise the server's."""
-    lib = _native.lib()
+    count as the server (``muon-offloadd --threads``) the update is bitwise the server's.
+    Computed by libmuon_offload_reference.so (found next to the client library, or through
+    ``MUON_OFFLOAD_REFERENCE_LIB``), loaded at the first call."""
+    lib = _native.reference_lib()
     g, _ = _buffer(grad, f"gradient of '{name}'")
     u, _ = _buffer(update, f"update of '{name}'")
     m = _buffer(momentum, f"momentum of '{name}'")[0] if momentum is not None else None
-    rc = check(lib.muon_local_update(name.encode(), int64_array(shape), len(shape),
-                                     options_json(options), ctypes.c_void_p(g),
-                                     ctypes.c_void_p(m) if m is not None else None,
-                                     ctypes.c_void_p(u), int(threads)),
-               f"local update of '{name}'")
+    rc = _native.check_reference(
+        lib.muon_local_update(name.encode(), int64_array(shape), len(shape),
+                              options_json(options), ctypes.c_void_p(g),
+                              ctypes.c_void_p(m) if m is not None else None,
+                              ctypes.c_void_p(u), int(threads)),
+        f"local update of '{name}'")
     return rc == 0

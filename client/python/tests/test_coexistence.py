@@ -1,10 +1,13 @@
 """torch from PyPI and libmuon_offload_client.so in one process.
 
 PyPI's torch loads its own CUDA runtime, cuBLAS and NCCL (the nvidia-* wheels under
-site-packages/nvidia), while libmuon_offload_client.so (until the client library is made lean)
-links cuBLAS, NCCL and the CUDA runtime from /usr/local/cuda. A trainer imports torch first and
-our library second; both must keep working: torch's ops, and a round trip through a real server.
-The check runs in a fresh interpreter, so that the import order is exactly the trainer's.
+site-packages/nvidia). libmuon_offload_client.so links none of them: it takes the CUDA runtime
+(and NCCL) already in the process at its first device use, and the in-process reference
+(libmuon_offload_reference.so, next to it) brings only OpenBLAS. A trainer imports torch first
+and our library second; both must keep working (torch's ops, a round trip through a real server,
+the reference bitwise equal to it), and the process must hold one CUDA runtime, torch's, with
+nothing of the toolkit's copies beside it. The check runs in a fresh interpreter, so that the
+import order is exactly the trainer's.
 """
 import os
 import subprocess
@@ -35,15 +38,25 @@ TRAINER = textwrap.dedent("""
     assert torch.equal(out, ref), "server update differs from the in-process one"
     assert out.norm().item() > 0
 
-    # torch still works after our library (and its CUDA libraries) came in.
+    # torch still works after our libraries came in.
     after = (x @ x.T).sum().item()
     assert after == before, (before, after)
     loss = F.cross_entropy(torch.randn(4, 5, requires_grad=True), torch.tensor([0, 1, 2, 3]))
     loss.backward()
+    from muon_offload import _native
+    origin = _native.cuda_runtime() if has_cuda() and torch.version.cuda else "(not used)"
     libs = sorted({line.split()[-1] for line in open("/proc/self/maps")
-                   if any(k in line for k in ("libcudart", "libcublas.", "libnccl"))})
-    print("torch", torch.__version__, "cuda", torch.version.cuda, "client has_cuda", has_cuda())
+                   if any(k in line for k in ("libcudart", "libcublas", "libnccl"))})
+    print("torch", torch.__version__, "cuda", torch.version.cuda, "client has_cuda", has_cuda(),
+          "client's CUDA runtime", origin)
     print("\\n".join(libs))
+    if has_cuda() and torch.version.cuda:
+        assert origin.endswith("(already loaded)"), origin   # torch's, shared
+    runtimes = [p for p in libs if "libcudart" in p]
+    assert len(runtimes) <= 1, runtimes
+    theirs = os.path.dirname(torch.__file__).rsplit("/torch", 1)[0]   # site-packages
+    strays = [p for p in libs if not p.startswith(theirs)]
+    assert not strays, f"CUDA libraries from outside torch's wheels: {strays}"
     print("COEXIST OK")
 """)
 
