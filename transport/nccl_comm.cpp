@@ -1,11 +1,9 @@
 #include "transport/nccl_comm.hpp"
 
-#include <cuda_runtime_api.h>
-
 #include <cstring>
+#include <map>
 #include <string>
 #include <thread>
-#include <utility>
 
 #include "core/cuda_check.hpp"
 #include "core/error.hpp"
@@ -22,7 +20,41 @@ ncclDataType_t nccl_type(DType t) {
   return t == DType::bf16 ? ncclBfloat16 : ncclFloat32;
 }
 
+int current_device(const NcclCalls& nccl) {
+  int device = 0;
+  const cudaError_t e = nccl.get_device(&device);
+  if (e != cudaSuccess) {
+    throw DeviceError(std::string("cudaGetDevice failed: ") + cudaGetErrorString(e));
+  }
+  return device;
+}
+
 }  // namespace
+
+const NcclCalls& real_nccl_calls() {
+  static const NcclCalls calls{
+      .comm_init_rank_config = ncclCommInitRankConfig,
+      .comm_get_async_error = ncclCommGetAsyncError,
+      .group_start = ncclGroupStart,
+      .group_end = ncclGroupEnd,
+      .send = ncclSend,
+      .recv = ncclRecv,
+      .comm_finalize = ncclCommFinalize,
+      .comm_destroy = ncclCommDestroy,
+      .comm_abort = ncclCommAbort,
+      .error_string = ncclGetErrorString,
+      .get_device = cudaGetDevice,
+      .stream_query = cudaStreamQuery,
+  };
+  return calls;
+}
+
+std::mutex& nccl_device_mutex(int device) {
+  static std::mutex registry;
+  static std::map<int, std::mutex> by_device;  // nodes are stable: references stay valid
+  std::lock_guard<std::mutex> g(registry);
+  return by_device[device];
+}
 
 NcclIdBytes new_nccl_id() {
   ncclUniqueId id;
@@ -32,8 +64,13 @@ NcclIdBytes new_nccl_id() {
   return out;
 }
 
-NcclComm::NcclComm(const NcclIdBytes& id, int nranks, int rank, std::chrono::milliseconds timeout)
-    : nranks_(nranks), rank_(rank) {
+NcclComm::NcclComm(const NcclIdBytes& id, int nranks, int rank, std::chrono::milliseconds timeout,
+                   const NcclCalls& calls)
+    : nccl_(calls),
+      device_(current_device(calls)),
+      device_mutex_(nccl_device_mutex(device_)),
+      nranks_(nranks),
+      rank_(rank) {
   if (nranks < 1 || rank < 0 || rank >= nranks) {
     throw InvalidArgument("NCCL rank " + std::to_string(rank) + " of " + std::to_string(nranks));
   }
@@ -41,24 +78,27 @@ NcclComm::NcclComm(const NcclIdBytes& id, int nranks, int rank, std::chrono::mil
   std::memcpy(&uid, id.data(), id.size());
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
-  const ncclResult_t r = ncclCommInitRankConfig(&comm_, nranks, uid, rank, &config);
+  Lock lock(device_mutex_);
+  ncclComm_t comm = nullptr;
+  const ncclResult_t r = nccl_.comm_init_rank_config(&comm, nranks, uid, rank, &config);
   if (r != ncclSuccess && r != ncclInProgress) {
-    if (comm_ != nullptr) ncclCommAbort(comm_);
-    comm_ = nullptr;
-    throw DeviceError(std::string("ncclCommInitRankConfig failed: ") + ncclGetErrorString(r));
+    if (comm != nullptr) nccl_.comm_abort(comm);
+    throw DeviceError(std::string("ncclCommInitRankConfig failed: ") + nccl_.error_string(r));
   }
+  comm_ = comm;
   healthy_ = true;
-  settle(timeout, "ncclCommInitRankConfig (waiting for every rank to join)");
+  settle(lock, timeout, "ncclCommInitRankConfig (waiting for every rank to join)");
 }
 
 NcclComm::~NcclComm() {
-  if (comm_ == nullptr) return;
+  Lock lock(device_mutex_);
+  if (comm_ == nullptr) return;  // aborted
   if (healthy_) {
-    ncclResult_t r = ncclCommFinalize(comm_);
+    ncclResult_t r = nccl_.comm_finalize(comm_);
     const auto deadline = Clock::now() + std::chrono::seconds(10);
     while (r == ncclSuccess || r == ncclInProgress) {
       ncclResult_t state = ncclSuccess;
-      r = ncclCommGetAsyncError(comm_, &state);
+      r = nccl_.comm_get_async_error(comm_, &state);
       if (r != ncclSuccess) break;
       if (state != ncclInProgress) {
         r = state;
@@ -68,57 +108,74 @@ NcclComm::~NcclComm() {
         r = ncclInProgress;
         break;
       }
+      lock.unlock();
       std::this_thread::sleep_for(kPoll);
+      lock.lock();
     }
     if (r == ncclSuccess) {
-      const ncclResult_t d = ncclCommDestroy(comm_);
+      const ncclResult_t d = nccl_.comm_destroy(comm_);
+      comm_ = nullptr;
       if (d != ncclSuccess) {
-        detail::report_failed_call("ncclCommDestroy", ncclGetErrorString(d), __FILE__, __LINE__);
+        detail::report_failed_call("ncclCommDestroy", nccl_.error_string(d), __FILE__, __LINE__);
       }
       return;
     }
-    detail::report_failed_call("ncclCommFinalize", ncclGetErrorString(r), __FILE__, __LINE__);
+    detail::report_failed_call("ncclCommFinalize", nccl_.error_string(r), __FILE__, __LINE__);
   }
-  const ncclResult_t a = ncclCommAbort(comm_);
-  if (a != ncclSuccess) {
-    detail::report_failed_call("ncclCommAbort", ncclGetErrorString(a), __FILE__, __LINE__);
+  healthy_ = false;
+  abort_locked();
+}
+
+void NcclComm::require_live(const char* what) const {
+  if (comm_ == nullptr || !healthy_) {
+    throw DeviceError(std::string(what) + ": the NCCL communicator (rank " +
+                      std::to_string(rank_) + " of " + std::to_string(nranks_) +
+                      ") was aborted after an earlier error or a lost peer");
   }
 }
 
 void NcclComm::fail(const std::string& message) {
-  abort();  // makes pending NCCL kernels return; the communicator is gone
+  healthy_ = false;
+  abort_locked();  // makes pending NCCL kernels return; the communicator is gone
   throw DeviceError(message);
 }
 
-void NcclComm::abort() noexcept {
-  if (!healthy_.exchange(false)) return;
-  ncclComm_t comm = std::exchange(comm_, nullptr);
-  if (comm == nullptr) return;
-  const ncclResult_t a = ncclCommAbort(comm);
+void NcclComm::abort_locked() noexcept {
+  if (comm_ == nullptr) return;
+  const ncclResult_t a = nccl_.comm_abort(comm_);
+  comm_ = nullptr;
   if (a != ncclSuccess) {
-    detail::report_failed_call("ncclCommAbort", ncclGetErrorString(a), __FILE__, __LINE__);
+    detail::report_failed_call("ncclCommAbort", nccl_.error_string(a), __FILE__, __LINE__);
   }
 }
 
-void NcclComm::settle(std::chrono::milliseconds timeout, const char* what) {
+void NcclComm::abort() noexcept {
+  healthy_ = false;  // first, so that a poll in progress stops at its next slice
+  Lock lock(device_mutex_);
+  abort_locked();
+}
+
+void NcclComm::settle(Lock& lock, std::chrono::milliseconds timeout, const char* what) {
   const auto deadline = Clock::now() + timeout;
   for (;;) {
+    require_live(what);
     ncclResult_t state = ncclSuccess;
-    const ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
-    if (r != ncclSuccess) fail(std::string(what) + ": " + ncclGetErrorString(r));
+    const ncclResult_t r = nccl_.comm_get_async_error(comm_, &state);
+    if (r != ncclSuccess) fail(std::string(what) + ": " + nccl_.error_string(r));
     if (state == ncclSuccess) return;
-    if (state != ncclInProgress) fail(std::string(what) + " failed: " + ncclGetErrorString(state));
+    if (state != ncclInProgress) fail(std::string(what) + " failed: " + nccl_.error_string(state));
     if (Clock::now() > deadline) {
       fail(std::string(what) + ": timed out after " + std::to_string(timeout.count()) +
            " ms (rank " + std::to_string(rank_) + " of " + std::to_string(nranks_) + ")");
     }
+    lock.unlock();
     std::this_thread::sleep_for(kPoll);
+    lock.lock();
   }
 }
 
 void NcclComm::exchange(int peer, std::span<const SendTile> send, std::span<const RecvTile> recv,
                         StreamHandle stream) {
-  if (!healthy_) throw DeviceError("NCCL communicator was aborted after an earlier error");
   if (peer < 0 || peer >= nranks_) {
     throw InvalidArgument("NCCL peer " + std::to_string(peer) + " of " + std::to_string(nranks_));
   }
@@ -129,47 +186,53 @@ void NcclComm::exchange(int peer, std::span<const SendTile> send, std::span<cons
     if (t.data == nullptr && t.count > 0) throw InvalidArgument("NCCL receive into a null tile");
   }
   if (send.empty() && recv.empty()) return;
-  MUON_NCCL_CHECK(ncclGroupStart());
-  try {
-    for (const SendTile& t : send) {
-      MUON_NCCL_CHECK(ncclSend(t.data, t.count, nccl_type(t.dtype), peer, comm_, stream));
-    }
-    for (const RecvTile& t : recv) {
-      MUON_NCCL_CHECK(ncclRecv(t.data, t.count, nccl_type(t.dtype), peer, comm_, stream));
-    }
-  } catch (const DeviceError& e) {
-    ncclGroupEnd();
-    fail("ncclSend/ncclRecv with peer " + std::to_string(peer) +
-         " could not be enqueued: " + e.message());
+  const auto s = static_cast<cudaStream_t>(stream);
+  Lock lock(device_mutex_);
+  require_live("ncclSend/ncclRecv");
+  ncclResult_t r = nccl_.group_start();
+  if (r != ncclSuccess) fail(std::string("ncclGroupStart failed: ") + nccl_.error_string(r));
+  for (const SendTile& t : send) {
+    if (r == ncclSuccess) r = nccl_.send(t.data, t.count, nccl_type(t.dtype), peer, comm_, s);
   }
-  const ncclResult_t r = ncclGroupEnd();
+  for (const RecvTile& t : recv) {
+    if (r == ncclSuccess) r = nccl_.recv(t.data, t.count, nccl_type(t.dtype), peer, comm_, s);
+  }
+  const ncclResult_t end = nccl_.group_end();
   if (r != ncclSuccess && r != ncclInProgress) {
-    fail(std::string("ncclGroupEnd failed: ") + ncclGetErrorString(r));
+    fail("ncclSend/ncclRecv with peer " + std::to_string(peer) +
+         " could not be enqueued: " + nccl_.error_string(r));
   }
-  // Non-blocking communicator: the group may still be being enqueued; no other NCCL call before
-  // it settles (the transfers themselves then run on the stream).
-  settle(std::chrono::seconds(60), "ncclGroupEnd");
+  if (end != ncclSuccess && end != ncclInProgress) {
+    fail(std::string("ncclGroupEnd failed: ") + nccl_.error_string(end));
+  }
+  // Non-blocking communicator: the group may still be being enqueued; no other NCCL call on it
+  // before it settles (the transfers themselves then run on the stream).
+  settle(lock, std::chrono::seconds(60), "ncclGroupEnd");
 }
 
 void NcclComm::wait(StreamHandle stream, std::chrono::milliseconds timeout) {
-  if (!healthy_) throw DeviceError("NCCL communicator was aborted after an earlier error");
   const auto deadline = Clock::now() + timeout;
+  const auto s = static_cast<cudaStream_t>(stream);
   for (;;) {
-    const cudaError_t q = cudaStreamQuery(stream);
-    if (q == cudaSuccess) return;
-    if (q != cudaErrorNotReady) {
-      throw DeviceError(std::string("cudaStreamQuery failed: ") + cudaGetErrorString(q));
-    }
-    ncclResult_t state = ncclSuccess;
-    const ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
-    if (r != ncclSuccess) fail(std::string("ncclCommGetAsyncError: ") + ncclGetErrorString(r));
-    if (state != ncclSuccess && state != ncclInProgress) {
-      fail(std::string("NCCL transfer failed: ") + ncclGetErrorString(state));
-    }
-    if (Clock::now() > deadline) {
-      fail("NCCL transfers did not finish within " + std::to_string(timeout.count()) +
-           " ms (rank " + std::to_string(rank_) + " of " + std::to_string(nranks_) +
-           "; a peer may be gone)");
+    {
+      Lock lock(device_mutex_);
+      require_live("waiting for NCCL transfers");
+      const cudaError_t q = nccl_.stream_query(s);
+      if (q == cudaSuccess) return;
+      if (q != cudaErrorNotReady) {
+        throw DeviceError(std::string("cudaStreamQuery failed: ") + cudaGetErrorString(q));
+      }
+      ncclResult_t state = ncclSuccess;
+      const ncclResult_t r = nccl_.comm_get_async_error(comm_, &state);
+      if (r != ncclSuccess) fail(std::string("ncclCommGetAsyncError: ") + nccl_.error_string(r));
+      if (state != ncclSuccess && state != ncclInProgress) {
+        fail(std::string("NCCL transfer failed: ") + nccl_.error_string(state));
+      }
+      if (Clock::now() > deadline) {
+        fail("NCCL transfers did not finish within " + std::to_string(timeout.count()) +
+             " ms (rank " + std::to_string(rank_) + " of " + std::to_string(nranks_) +
+             "; a peer may be gone)");
+      }
     }
     std::this_thread::sleep_for(kPoll);
   }
