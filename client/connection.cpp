@@ -111,15 +111,27 @@ Connection::~Connection() {
       rings_.reset();   // waits for its streams and copies, unmaps the rings
     }
   }
+  bool said_goodbye = false;
   try {
-    if (lost_reason().empty()) send_frame(MessageType::goodbye, "{}");
+    if (lost_reason().empty()) {
+      send_frame(MessageType::goodbye, "{}");
+      said_goodbye = true;
+    }
   } catch (...) {
   }
   boost::system::error_code ignored;
   socket_.shutdown(asio::socket_base::shutdown_both, ignored);
   if (reader_.joinable()) reader_.join();
   socket_.close(ignored);
-  // nccl: the communicators are the client's own memory; finalized once the reader is gone.
+  // nccl: the communicators are the client's own memory; finalized once the reader is gone. A
+  // server that is gone (the connection was lost, or the goodbye did not go out) never finishes
+  // the transfers queued on the plane's streams: abort them now, and otherwise wait for them with
+  // a deadline, before the holding buffers (whose events follow those transfers) wait for theirs
+  // (gpu-review F6).
+  if (nccl_) {
+    if (!said_goodbye) nccl_->abort();
+    nccl_->synchronize();
+  }
   params_.clear();
   nccl_.reset();
 }
@@ -157,6 +169,10 @@ void Connection::lose(const std::string& why) {
 
 StreamHandle Connection::reader_stream() const {
   return rings_ ? rings_->reader_stream() : nccl_->reader_stream();
+}
+
+int Connection::plane_device() const {
+  return rings_ ? rings_->device() : nccl_->device();
 }
 
 void Connection::send_frame(MessageType type, const std::string& payload, uint32_t id) {
@@ -280,8 +296,8 @@ void Connection::push_device(const std::string& name, int64_t step, int64_t offs
                           "': the session's data plane is shm, not cuda_ipc or nccl");
   }
   // Imported events and NCCL calls work on the plane's device; the caller's device comes back.
-  DeviceScope scope(rings_ ? rings_->device() : nccl_->device());
-  require_stream_on_device(stream, rings_ ? rings_->device() : nccl_->device(), scope.previous(),
+  DeviceScope scope(plane_device());
+  require_stream_on_device(stream, plane_device(), scope.previous(),
                            "push_device of '" + name + "' to '" + path_ + "'");
   if (rings_) {
     push_chunks(name, step, offset, count, elem_bytes, kind,
@@ -394,6 +410,12 @@ bool Connection::wait_update_device(const std::string& name, int64_t step, std::
     throw InvalidArgument("wait_update_device of '" + name + "' from '" + path_ +
                           "': the session's data plane is shm, not cuda_ipc or nccl");
   }
+  // As push_device: the holding buffer's events belong to the plane's device, and a null stream
+  // means the legacy stream of the device current at the call (gpu-review F5). Checked before
+  // anything is taken: a failure leaves the update held.
+  DeviceScope scope(plane_device());
+  require_stream_on_device(stream, plane_device(), scope.previous(),
+                           "wait_update_device of '" + name + "' from '" + path_ + "'");
   return take_update(name, step,
                      [&](ParamRx::Complete& c) { c.dev->copy_to_device(device_dst, stream); });
 }

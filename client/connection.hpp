@@ -208,6 +208,8 @@ class Connection {
   bool on_device() const { return rings_ || nccl_; }
   /// The stream the reader fills holding buffers on (device planes only).
   StreamHandle reader_stream() const;
+  /// The CUDA device of the rings or communicators (device planes only).
+  int plane_device() const;
   /// Marks the connection lost with `why` and shuts the socket down (the reader then exits).
   void lose(const std::string& why);
   /// Waits for the update of (name, step) like wait_update, hands it to `take` under mu_, then

@@ -2,6 +2,9 @@
 
 #include <cuda_runtime_api.h>
 
+#include <string>
+
+#include "client/device_wait.hpp"
 #include "core/cuda_check.hpp"
 
 namespace muon::client {
@@ -18,9 +21,16 @@ struct DeviceHold::Impl {
     }
   }
   ~Impl() {
-    // Copies into (reader) or out of (consumers) the buffer may still be queued.
-    if (filled) MUON_CUDA_CHECK_NOTHROW(cudaEventSynchronize(filled));
-    if (consumed) MUON_CUDA_CHECK_NOTHROW(cudaEventSynchronize(consumed));
+    // Copies into (reader) or out of (consumers) the buffer may still be queued, on streams that
+    // may wait on a server that is gone: past the deadline the memory is leaked rather than freed
+    // under a copy that may still write it (client/device_wait.hpp).
+    if (!event_done_within(filled, kTeardownDeadline) ||
+        !event_done_within(consumed, kTeardownDeadline)) {
+      const std::string why = "a copy into or out of a device holding buffer did not finish "
+                              "within 10 s; leaking its " + std::to_string(bytes) + " bytes";
+      detail::report_failed_call("DeviceHold teardown", why.c_str(), __FILE__, __LINE__);
+      data = nullptr;
+    }
     release();
   }
   void release() noexcept {

@@ -20,7 +20,9 @@ class DeviceHold {
  public:
   /// Throws DeviceError (allocation or event creation failed), BackendUnavailable (no CUDA).
   explicit DeviceHold(size_t bytes);
-  /// Waits until no copy into or out of the buffer is pending, then frees it.
+  /// Waits until no copy into or out of the buffer is pending, then frees it. At most 10 s: a
+  /// copy still pending then (its stream waits on a server that is gone) leaves the memory
+  /// allocated (leaked, reported on stderr) rather than freed under it.
   ~DeviceHold();
   DeviceHold(const DeviceHold&) = delete;
   DeviceHold& operator=(const DeviceHold&) = delete;

@@ -3,10 +3,12 @@
 #include <cuda_runtime_api.h>
 
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <vector>
 
+#include "client/device_wait.hpp"
 #include "core/cuda_check.hpp"
 #include "transport/cuda_ipc.hpp"
 
@@ -76,7 +78,9 @@ struct ClaimedRing {
 struct DeviceRings::Impl {
   Impl(const transport::DeviceRingDescriptor& tx_ring,
        const transport::DeviceRingDescriptor& rx_ring)
-      : device(current_device()), tx(tx_ring), rx(rx_ring) {
+      : device(current_device()),
+        tx(std::make_unique<ClaimedRing>(tx_ring)),
+        rx(std::make_unique<ClaimedRing>(rx_ring)) {
     copied_in.assign(tx_ring.slots, nullptr);
     try {
       for (auto& e : copied_in) {
@@ -89,16 +93,25 @@ struct DeviceRings::Impl {
   }
   ~Impl() {
     MUON_CUDA_CHECK_NOTHROW(cudaSetDevice(device));
-    // Nothing may still read or write the mapped memory when it is unmapped.
-    MUON_CUDA_CHECK_NOTHROW(cudaStreamSynchronize(reader_stream.get()));
-    MUON_CUDA_CHECK_NOTHROW(cudaStreamSynchronize(host_push_stream.get()));
-    for (auto e : copied_in) {
-      if (e) MUON_CUDA_CHECK_NOTHROW(cudaEventSynchronize(e));
-    }
+    // Nothing may still read or write the mapped memory when it is unmapped. The streams may wait
+    // on events of a server that is gone (never recorded; gpu-review F2): past the deadline the
+    // mappings stay (leaked until the process exits) rather than go under a pending copy.
+    bool idle = stream_idle_within(reader_stream.get(), kTeardownDeadline) &&
+                stream_idle_within(host_push_stream.get(), kTeardownDeadline);
+    for (auto e : copied_in) idle = idle && event_done_within(e, kTeardownDeadline);
     destroy_events();
-    rx.ring.reset();
-    tx.ring.reset();
-    // The claims go next (members in reverse order: rx, then tx), unmapping the allocations.
+    if (!idle) {
+      detail::report_failed_call("DeviceRings teardown",
+                                 "copies to or from the server's rings did not finish within "
+                                 "10 s; leaving the rings mapped",
+                                 __FILE__, __LINE__);
+      (void)rx.release();  // leaked on purpose, see above
+      (void)tx.release();
+      return;
+    }
+    rx->ring.reset();
+    tx->ring.reset();
+    // The claims go next (rx, then tx: members in reverse order), unmapping the allocations.
   }
   void destroy_events() noexcept {
     for (auto& e : copied_in) {
@@ -107,7 +120,7 @@ struct DeviceRings::Impl {
     }
   }
   int device;
-  ClaimedRing tx, rx;
+  std::unique_ptr<ClaimedRing> tx, rx;
   DeviceStream host_push_stream;
   DeviceStream reader_stream;
   // Per tx slot: recorded after each copy_in (on whatever stream), waited for before unmapping.
@@ -121,7 +134,7 @@ DeviceRings::DeviceRings(const transport::DeviceRingDescriptor& tx,
 DeviceRings::~DeviceRings() = default;
 
 uint64_t DeviceRings::slot_bytes() const {
-  return impl_->tx.ring->slot_bytes();
+  return impl_->tx->ring->slot_bytes();
 }
 
 int DeviceRings::device() const {
@@ -129,7 +142,7 @@ int DeviceRings::device() const {
 }
 
 void DeviceRings::copy_in(uint32_t slot, const void* src, size_t bytes, StreamHandle stream) {
-  impl_->tx.ring->copy_in(slot, src, bytes, stream);
+  impl_->tx->ring->copy_in(slot, src, bytes, stream);
   MUON_CUDA_CHECK(cudaEventRecord(impl_->copied_in.at(slot), stream));
 }
 
@@ -150,16 +163,16 @@ StreamHandle DeviceRings::reader_stream() const {
 }
 
 void DeviceRings::copy_out(uint32_t slot, void* dst, size_t bytes) {
-  impl_->rx.ring->copy_out(slot, dst, bytes, impl_->reader_stream.get());
+  impl_->rx->ring->copy_out(slot, dst, bytes, impl_->reader_stream.get());
 }
 
 void DeviceRings::copy_out_to_host(uint32_t slot, void* dst, size_t bytes) {
-  impl_->rx.ring->copy_out(slot, dst, bytes, impl_->reader_stream.get());
+  impl_->rx->ring->copy_out(slot, dst, bytes, impl_->reader_stream.get());
   impl_->reader_stream.synchronize();
 }
 
 void DeviceRings::release(uint32_t slot) {
-  impl_->rx.ring->mark_free(slot, impl_->reader_stream.get());
+  impl_->rx->ring->mark_free(slot, impl_->reader_stream.get());
 }
 
 }  // namespace muon::client

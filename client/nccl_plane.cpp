@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <optional>
+#include <utility>
 
 #include "core/cuda_check.hpp"
 #include "transport/nccl_comm.hpp"
@@ -138,8 +139,20 @@ void NcclPlane::discard(size_t count, transport::DType dtype) {
   recv(impl_->rx_stage.data, count, dtype);
 }
 
-void NcclPlane::synchronize() noexcept {
+void NcclPlane::synchronize(std::chrono::milliseconds timeout) noexcept {
   MUON_CUDA_CHECK_NOTHROW(cudaSetDevice(impl_->device));
+  // Each wait watches its communicator and aborts it on an error or at the deadline (or throws at
+  // once when it was aborted before); either way its NCCL kernels then return (gpu-review F6).
+  for (auto [comm, stream] : {std::pair{&impl_->rx, impl_->reader_stream.get()},
+                              std::pair{&impl_->tx, impl_->push_stream.get()}}) {
+    if (comm->aborted()) continue;  // its transfers returned; nothing to watch
+    try {
+      comm->wait(stream, timeout);
+    } catch (const std::exception& e) {
+      abort();
+      detail::report_failed_call("NcclPlane::synchronize", e.what(), __FILE__, __LINE__);
+    }
+  }
   MUON_CUDA_CHECK_NOTHROW(cudaStreamSynchronize(impl_->reader_stream.get()));
   MUON_CUDA_CHECK_NOTHROW(cudaStreamSynchronize(impl_->push_stream.get()));
 }

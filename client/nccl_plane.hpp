@@ -32,7 +32,8 @@ class NcclPlane {
   /// Aborts both communicators (the server is gone): transfers queued on any stream return and
   /// the plane is unusable. Any thread; idempotent.
   void abort() noexcept;
-  /// Waits for the plane's streams, then finalizes both communicators (NcclComm's destructor).
+  /// Waits for the plane's streams (synchronize(): at most kDrainTimeout, then aborts), then
+  /// finalizes both communicators (NcclComm's destructor).
   ~NcclPlane();
   NcclPlane(const NcclPlane&) = delete;
   NcclPlane& operator=(const NcclPlane&) = delete;
@@ -66,8 +67,12 @@ class NcclPlane {
   /// it, so a matching ncclRecv must be posted. Throws as recv_to_host.
   void discard(size_t count, transport::DType dtype);
 
-  /// Blocks until the reader's and the push stream's work is done. Never throws (reports).
-  void synchronize() noexcept;
+  /// Blocks until the reader's and the push stream's work is done, at most `timeout` for each
+  /// (a server that is gone never posts its side of the transfers): past it, aborts both
+  /// communicators, whose transfers then return, and waits for the streams' other work. Never
+  /// throws (reports). The destructor calls it with kDrainTimeout.
+  void synchronize(std::chrono::milliseconds timeout = kDrainTimeout) noexcept;
+  static constexpr std::chrono::milliseconds kDrainTimeout{10000};
 
  private:
   struct Impl;

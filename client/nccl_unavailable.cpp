@@ -50,7 +50,7 @@ void NcclPlane::recv_to_host(void*, size_t, transport::DType) {
 void NcclPlane::discard(size_t, transport::DType) {
   unavailable();
 }
-void NcclPlane::synchronize() noexcept {}
+void NcclPlane::synchronize(std::chrono::milliseconds) noexcept {}
 void NcclPlane::abort() noexcept {}
 
 }  // namespace muon::client

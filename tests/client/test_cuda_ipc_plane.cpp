@@ -179,3 +179,54 @@ TEST(CudaIpcPlane, LoadMomentumThenStepMatchesShm) {
   const auto ipc = once(transport::DataPlane::cuda_ipc);
   EXPECT_TRUE(same_bits(ipc, shm));
 }
+
+// gpu-review F5: wait_update_device runs on the rings' device and checks the caller's stream like
+// push_device. With another device current, a stream of the rings' device works (it failed in
+// cudaEventRecord before), and a stream of another device (also the null stream, which means the
+// current device's) is refused as InvalidArgument with the update still held. Needs 2 GPUs.
+TEST(CudaIpcPlane, WaitUpdateDeviceRunsOnTheRingsDeviceWhateverIsCurrent) {
+  std::string reason;
+  skip_without_gpu(&reason);
+  int gpus = 0;
+  if (reason.empty() && cudaGetDeviceCount(&gpus) == cudaSuccess && gpus < 2) {
+    reason = "needs 2 GPUs (another device current than the rings')";
+  }
+  if (!reason.empty()) GTEST_SKIP() << reason;
+  const auto dir = temp_dir();
+  ServerProcess server(dir, {"--backend", "cuda"});
+  const int64_t n = 64 * 48;
+  const auto g = gradient(n, 0);
+  std::vector<float> expected(static_cast<size_t>(n)), got(static_cast<size_t>(n));
+  {
+    CUDA_OK(cudaSetDevice(0));
+    client::Client shm(config_for(server.socket(), transport::DataPlane::shm));
+    shm.register_parameters({one_param("ref", {64, 48})});
+    shm.push("ref", 0, 0, g.data(), n);
+    shm.commit("ref", 0);
+    ASSERT_TRUE(shm.wait_update("ref", 0, expected.data()));
+  }
+  CUDA_OK(cudaSetDevice(0));  // the rings open on the device current at connect
+  client::Client c(config_for(server.socket(), transport::DataPlane::cuda_ipc));
+  c.register_parameters({one_param("w", {64, 48})});
+  cudaStream_t on0 = nullptr, on1 = nullptr;
+  float* dst = nullptr;
+  CUDA_OK(cudaStreamCreateWithFlags(&on0, cudaStreamNonBlocking));
+  CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&dst), n * 4));
+  c.push("w", 0, 0, g.data(), n);
+  c.commit("w", 0);
+  CUDA_OK(cudaSetDevice(1));
+  CUDA_OK(cudaStreamCreateWithFlags(&on1, cudaStreamNonBlocking));
+  EXPECT_THROW(c.wait_update_device("w", 0, dst, on1), InvalidArgument);
+  EXPECT_THROW(c.wait_update_device("w", 0, dst, nullptr), InvalidArgument);
+  ASSERT_TRUE(c.wait_update_device("w", 0, dst, on0));  // still held, device 1 current
+  int current = -1;
+  CUDA_OK(cudaGetDevice(&current));
+  EXPECT_EQ(current, 1);  // the caller's device comes back
+  CUDA_OK(cudaMemcpyAsync(got.data(), dst, n * 4, cudaMemcpyDeviceToHost, on0));
+  CUDA_OK(cudaStreamSynchronize(on0));
+  EXPECT_TRUE(same_bits(got, expected));
+  cudaStreamDestroy(on1);
+  CUDA_OK(cudaSetDevice(0));
+  cudaStreamDestroy(on0);
+  cudaFree(dst);
+}
