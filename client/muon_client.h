@@ -7,7 +7,7 @@
  * Ranges are passed as flat int64 arrays [begin0, end0, begin1, end1, ...] of element indices
  * over the parameter's flattened elements. Options are a JSON object with the fields of
  * `muon-offload orthogonalize` plus momentum: {"momentum": "sum"|"ema"|"none", "mu": 0.95,
- * "nesterov": true, "schedule": "keller", "steps": 0, "eps": 1e-7, "eps_mode": "add",
+ * "nesterov": true, "schedule": "keller", "steps": 0, "eps": 1e-7, "eps_mode": "scale_invariant",
  * "scale": "keller", "extra_scale": 1.0, "row_splits": [], "algorithm": "plain",
  * "precision": "default", "nonfinite": "error"}; missing fields take these defaults. */
 #ifndef MUON_CLIENT_H_
@@ -38,8 +38,8 @@ const char* muon_error_code_name(int code);
 
 /* The Muon options' schema as a JSON array, one object per field of the options JSON:
  * {"name", "group" ("momentum"|"orthogonalize"), "type" ("string"|"integer"|"number"|"boolean"|
- * "integer_list"), "default", "choices" (accepted names or null), "cli_flag" (the flag of
- * `muon-offload orthogonalize` or null), "doc"}. Static storage; never NULL. */
+ * "integer_list"|"number_list"), "default", "choices" (accepted names or null), "cli_flag" (the
+ * flag of `muon-offload orthogonalize` or null), "doc"}. Static storage; never NULL. */
 const char* muon_options_schema(void);
 
 /* Connects a compute rank to `n_servers` servers: Unix socket paths, or "tcp://HOST:PORT" for a

@@ -100,10 +100,11 @@ bool Backend::muon_update(std::string_view matrix_name, const MatrixShape& shape
     throw InvalidArgument("matrix '" + std::string(matrix_name) +
                           "': momentum buffer is null but the convention keeps momentum");
   }
+  const MomentumCoefficients k = momentum_coefficients(mo.mu);
   for (int64_t i = 0; i < n; ++i) {
-    const float m = momentum_step(mo.convention, momentum[i], grad[i], mo.mu);
+    const float m = momentum_step(mo.convention, momentum[i], grad[i], k);
     momentum[i] = m;
-    update[i] = orthogonalize_input(mo.convention, mo.nesterov, m, grad[i], mo.mu);
+    update[i] = orthogonalize_input(mo.convention, mo.nesterov, m, grad[i], k);
   }
   return orthogonalize(matrix_name, shape, update, update, options.orthogonalize);
 }

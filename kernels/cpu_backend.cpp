@@ -45,12 +45,12 @@ void CpuBackend::newton_schulz_batch(float* x, int64_t count, int64_t rows, int6
   const int64_t size = rows * cols;
   for (int64_t i = 0; i < count; ++i) {
     float* xi = x + i * size;
-    const double norm = frobenius_norm(xi, size);
-    if (norm == 0.0) continue;  // exact zeros in, exact zeros out (never 0/0)
-    const float fnorm = static_cast<float>(norm);
-    const float denom =
-        options.eps_mode == EpsMode::add ? fnorm + options.eps : std::max(fnorm, options.eps);
-    for (int64_t j = 0; j < size; ++j) xi[j] = xi[j] / denom;
+    const double denom =
+        normalization_divisor(frobenius_norm(xi, size), options.eps, options.eps_mode);
+    if (denom == 0.0) continue;  // exact zeros in, exact zeros out (never 0/0)
+    // In double, rounded once: bitwise the float division for a float divisor, and no overflow
+    // of a norm beyond float's range in scale_invariant mode.
+    for (int64_t j = 0; j < size; ++j) xi[j] = static_cast<float>(xi[j] / denom);
     if (algo == NsAlgorithm::gram) {
       gram(xi, rows, cols, coefficients);
     } else {

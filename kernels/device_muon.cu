@@ -4,7 +4,7 @@
 // This file is compiled with -fmad=false (kernels/CMakeLists.txt): nvcc would otherwise contract
 // mu*m + g in momentum_step() into one FMA, whose single rounding differs from the host's
 // multiply-then-add (GCC does not contract in ISO C++ mode), and the device momentum would no
-// longer be bitwise the host's.
+// longer be bitwise the host's. Where torch fuses (lerp), elementwise.hpp calls fmaf itself.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -52,16 +52,16 @@ __global__ void __launch_bounds__(kThreads)
 // Per element, exactly Backend::muon_update's loop: m = momentum_step(M, g); M = m;
 // input = orthogonalize_input(m, g). Does nothing when *bad (momentum untouched).
 __global__ void __launch_bounds__(kThreads)
-    momentum_kernel(MomentumConvention conv, bool nesterov, float mu,
+    momentum_kernel(MomentumConvention conv, bool nesterov, MomentumCoefficients k,
                     const float* __restrict__ grad, float* __restrict__ momentum,
                     float* __restrict__ input, int64_t n, const int* __restrict__ bad) {
   if (*bad != 0) return;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * kThreads) {
     const float g = grad[i];
-    const float m = momentum_step(conv, momentum[i], g, mu);
+    const float m = momentum_step(conv, momentum[i], g, k);
     momentum[i] = m;
-    input[i] = orthogonalize_input(conv, nesterov, m, g, mu);
+    input[i] = orthogonalize_input(conv, nesterov, m, g, k);
   }
 }
 
@@ -257,7 +257,8 @@ void DeviceMuon::step(std::string_view matrix_name, const MatrixShape& shape, co
   MUON_CUDA_CHECK(cudaSetDevice(impl_->device));
   const int64_t n = shape.numel();
   impl_->begin(grad, n, stream);
-  momentum_kernel<<<grid_1d(n), kThreads, 0, stream>>>(mo.convention, mo.nesterov, mo.mu, grad,
+  momentum_kernel<<<grid_1d(n), kThreads, 0, stream>>>(mo.convention, mo.nesterov,
+                                                       momentum_coefficients(mo.mu), grad,
                                                        momentum, update, n, impl_->input_bad());
   MUON_CUDA_CHECK(cudaGetLastError());
   // As the host (Backend::orthogonalize checks its input): a Newton-Schulz input that overflowed

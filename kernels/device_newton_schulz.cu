@@ -88,39 +88,38 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Second pass: denom[mat] = the divisor of matrix `mat` per the eps mode (add: ||X|| + eps,
-// clamp: max(||X||, eps), both in fp32 like the CPU backend), or 0 when the matrix is all zeros
-// (then normalize() writes zeros instead of dividing). A nonzero matrix always gets denom > 0:
-// float(||X||) >= max|x_ij| > 0.
+// Second pass: denom[mat] = the divisor of matrix `mat` per the eps mode, as the CPU backend's
+// normalization_divisor() (scale_invariant: ||X|| in double; add: float(||X||) + eps; clamp:
+// max(float(||X||), eps)), or 0 when the matrix is all zeros (then normalize() writes zeros
+// instead of dividing). A nonzero matrix always gets denom > 0: ||X|| >= max|x_ij| > 0.
 __global__ void __launch_bounds__(kThreads)
     finish_denominators(const double* __restrict__ partials, int64_t count, int64_t parts,
-                        float eps, bool clamp, float* __restrict__ denom) {
+                        float eps, EpsMode mode, double* __restrict__ denom) {
   __shared__ double shared[kThreads];
   for (int64_t mat = blockIdx.x; mat < count; mat += gridDim.x) {
     double s = 0.0;
     for (int64_t i = threadIdx.x; i < parts; i += kThreads) s += partials[mat * parts + i];
     const double total = block_sum(s, shared);
     if (threadIdx.x == 0) {
-      const double norm = sqrt(total);
-      const float fnorm = static_cast<float>(norm);
-      denom[mat] = norm == 0.0 ? 0.0f : (clamp ? fmaxf(fnorm, eps) : fnorm + eps);
+      denom[mat] = normalization_divisor(sqrt(total), eps, mode);
     }
   }
 }
 
-// out = x / denom per matrix, rounded to T (exact zeros for an all-zero matrix). `out` may alias
-// `x` when T is float. Grid: (blocks per matrix, min(count, 65535)).
+// out = x / denom per matrix, divided in double and rounded once to float, then to T (exact
+// zeros for an all-zero matrix; for a float divisor this is bitwise the float division). `out`
+// may alias `x` when T is float. Grid: (blocks per matrix, min(count, 65535)).
 template <class T>
 __global__ void __launch_bounds__(kThreads) normalize(const float* x, int64_t count, int64_t size,
-                                                      const float* __restrict__ denom, T* out) {
+                                                      const double* __restrict__ denom, T* out) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
   for (int64_t mat = blockIdx.y; mat < count; mat += gridDim.y) {
-    const float d = denom[mat];
+    const double d = denom[mat];
     const float* xm = x + mat * size;
     T* om = out + mat * size;
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < size;
          i += stride) {
-      om[i] = from_float<T>(d == 0.0f ? 0.0f : xm[i] / d);
+      om[i] = from_float<T>(d == 0.0 ? 0.0f : static_cast<float>(xm[i] / d));
     }
   }
 }
@@ -181,7 +180,7 @@ struct Workspace {
   DeviceBuffer x0, x1;    // X ping/pong in T (x0 unused for fp32: X is normalized in place)
   DeviceBuffer a, b;      // A and B per matrix, m x m in T
   DeviceBuffer partials;  // norm partial sums, double [count][parts]
-  DeviceBuffer denom;     // per-matrix divisor, float [count]
+  DeviceBuffer denom;     // per-matrix divisor, double [count]
 };
 
 int64_t norm_parts(int64_t size) {
@@ -197,7 +196,7 @@ void reserve(Workspace& ws, int64_t count, int64_t m, int64_t n) {
   ws.a.reserve(sizeof(T) * count * gram);
   ws.b.reserve(sizeof(T) * count * gram);
   ws.partials.reserve(sizeof(double) * count * norm_parts(m * n));
-  ws.denom.reserve(sizeof(float) * count);
+  ws.denom.reserve(sizeof(double) * count);
 }
 
 /// A captured sequence for one key, with the buffers it was captured on.
@@ -219,7 +218,7 @@ struct GraphKey {
   int64_t count, m, n;
   bool bf16;
   float eps;
-  bool clamp;
+  EpsMode eps_mode;
   std::vector<double> coefficients;  // a, b, c of every step
   auto operator<=>(const GraphKey&) const = default;
 };
@@ -282,14 +281,14 @@ struct DeviceNewtonSchulz::Impl {
                                                                   ws.partials.as<double>());
     MUON_CUDA_CHECK(cudaGetLastError());
     finish_denominators<<<static_cast<unsigned>(std::min(count, kMaxGridX)), kThreads, 0, stream>>>(
-        ws.partials.as<double>(), count, parts, options.eps, options.eps_mode == EpsMode::clamp,
-        ws.denom.as<float>());
+        ws.partials.as<double>(), count, parts, options.eps, options.eps_mode,
+        ws.denom.as<double>());
     MUON_CUDA_CHECK(cudaGetLastError());
     const dim3 normalize_grid(static_cast<unsigned>(std::clamp<int64_t>(ceil_div(size, kThreads), 1,
                                                                         kMaxBlocksPerMatrix)),
                               static_cast<unsigned>(std::min(count, kMaxGridY)));
     normalize<T>
-        <<<normalize_grid, kThreads, 0, stream>>>(x, count, size, ws.denom.as<float>(), cur);
+        <<<normalize_grid, kThreads, 0, stream>>>(x, count, size, ws.denom.as<double>(), cur);
     MUON_CUDA_CHECK(cudaGetLastError());
 
     // Row-major X (m x n, ld n) is, read column-major, X^T (n x m, ld n); likewise a row-major
@@ -364,7 +363,7 @@ struct DeviceNewtonSchulz::Impl {
     }
     GraphKey key{count,       m,
                  n,           std::is_same_v<T, __nv_bfloat16>,
-                 options.eps, options.eps_mode == EpsMode::clamp,
+                 options.eps, options.eps_mode,
                  {}};
     for (const NsCoefficients& k : coefficients)
       key.coefficients.insert(key.coefficients.end(), {k.a, k.b, k.c});

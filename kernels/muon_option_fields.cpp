@@ -106,9 +106,11 @@ const OptionField kFields[] = {
      [](MuonOptions& o, const json& v) {
        o.momentum.convention = read_name("momentum", v, parse_momentum_convention);
      }},
-    {"mu", OptionGroup::momentum, OptionType::number, "", "Momentum coefficient, in [0, 1)",
+    {"mu", OptionGroup::momentum, OptionType::number, "",
+     "Momentum coefficient, in [0, 1); a double, as the trainer gives it (the lerp weight 1 - mu "
+     "is formed in double and rounded once, as torch does)",
      nullptr, [](const MuonOptions& o) { return json(o.momentum.mu); },
-     [](MuonOptions& o, const json& v) { o.momentum.mu = read_float("mu", v); }},
+     [](MuonOptions& o, const json& v) { o.momentum.mu = read_number("mu", v); }},
     {"nesterov", OptionGroup::momentum, OptionType::boolean, "",
      "Nesterov look-ahead input to Newton-Schulz (sum: G + mu*M; ema: lerp(G, M, mu))", nullptr,
      [](const MuonOptions& o) { return json(o.momentum.nesterov); },
@@ -128,8 +130,8 @@ const OptionField kFields[] = {
      [](const MuonOptions& o) { return json(o.orthogonalize.eps); },
      [](MuonOptions& o, const json& v) { o.orthogonalize.eps = read_float("eps", v); }},
     {"eps_mode", OptionGroup::orthogonalize, OptionType::string, "--eps-mode",
-     "add: X / (||X||_F + eps) (Keller, torch.optim.Muon); clamp: X / max(||X||_F, eps) "
-     "(NVIDIA)",
+     "scale_invariant: X / ||X||_F, eps only guards a zero matrix (default); add: X / (||X||_F "
+     "+ eps) (Keller); clamp: X / max(||X||_F, eps) (torch.optim.Muon, NVIDIA)",
      eps_mode_names,
      [](const MuonOptions& o) { return json(eps_mode_name(o.orthogonalize.eps_mode)); },
      [](MuonOptions& o, const json& v) {

@@ -76,8 +76,8 @@ void validate(const OrthogonalizeOptions& options, const MatrixShape& shape,
 
 void validate(const MuonOptions& options, const MatrixShape& shape, std::string_view matrix_name) {
   validate(options.orthogonalize, shape, matrix_name);
-  const float mu = options.momentum.mu;
-  if (options.momentum.convention != MomentumConvention::none && !(mu >= 0.0f && mu < 1.0f)) {
+  const double mu = options.momentum.mu;
+  if (options.momentum.convention != MomentumConvention::none && !(mu >= 0.0 && mu < 1.0)) {
     throw InvalidArgument("matrix '" + std::string(matrix_name) +
                           "': momentum mu must lie in [0, 1), got " + std::to_string(mu));
   }
@@ -93,7 +93,8 @@ struct Named {
   E value;
 };
 
-constexpr Named<EpsMode> kEpsModes[] = {{"add", EpsMode::add}, {"clamp", EpsMode::clamp}};
+constexpr Named<EpsMode> kEpsModes[] = {
+    {"scale_invariant", EpsMode::scale_invariant}, {"add", EpsMode::add}, {"clamp", EpsMode::clamp}};
 constexpr Named<NsAlgorithm> kAlgorithms[] = {
     {"plain", NsAlgorithm::plain}, {"syrk", NsAlgorithm::syrk}, {"gram", NsAlgorithm::gram}};
 constexpr Named<Precision> kPrecisions[] = {{"default", Precision::backend_default},

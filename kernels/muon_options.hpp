@@ -13,10 +13,27 @@
 
 namespace muon {
 
-/// How ||X||_F is guarded before Newton-Schulz:
-///   add    X / (||X||_F + eps)   Keller's reference, torch.optim.Muon, Megatron.
-///   clamp  X / max(||X||_F, eps) torch.nn.functional.normalize (NVIDIA Emerging-Optimizers).
-enum class EpsMode { add, clamp };
+/// How X is normalized before Newton-Schulz (||X||_F always summed in double):
+///   scale_invariant  X / ||X||_F, divided in double and rounded once (the default): NS(c*G) =
+///                    NS(G) for every c keeping c*G finite and non-zero in fp32, bitwise for c a
+///                    power of two; eps is unused, an all-zero X stays exactly zero. Right where
+///                    the others are not: they shrink a gradient whose norm is near or below eps
+///                    toward zero (reported and fixed in NVIDIA Emerging-Optimizers).
+///   add              X / (float(||X||_F) + eps)   Keller's reference, Megatron.
+///   clamp            X / max(float(||X||_F), eps) torch.optim.Muon (`norm().clamp(min=eps)`),
+///                    torch.nn.functional.normalize; for parity checks against torch.
+enum class EpsMode { scale_invariant, add, clamp };
+
+/// The divisor of X per `mode` from its Frobenius norm in double (finite for any finite float
+/// input, where a float norm would overflow); 0 for an all-zero matrix, whose output is then
+/// exactly zero. The CPU and CUDA backends divide each element in double by it and round once.
+MUON_HD double normalization_divisor(double norm, float eps, EpsMode mode) {
+  if (norm == 0.0) return 0.0;
+  if (mode == EpsMode::scale_invariant) return norm;
+  const float f = static_cast<float>(norm);
+  return mode == EpsMode::clamp ? static_cast<double>(f > eps ? f : eps)
+                                : static_cast<double>(f + eps);
+}
 
 /// How the Newton-Schulz products are formed (all compute the same polynomial):
 ///   plain  three GEMMs per step: A = X X^T, B = bA + cAA, X = aX + BX.
@@ -42,7 +59,7 @@ struct OrthogonalizeOptions {
   std::string schedule = "keller";  ///< a name or alias from ns_schedules()
   int steps = 0;                    ///< 0: the schedule's default
   float eps = 1e-7f;
-  EpsMode eps_mode = EpsMode::add;
+  EpsMode eps_mode = EpsMode::scale_invariant;
   ScaleRule scale_rule = ScaleRule::keller;
   double extra_scale = 1.0;
   /// Row blocks orthogonalized separately (fused QKV), e.g. {q_rows, k_rows, v_rows}; empty
@@ -56,7 +73,9 @@ struct OrthogonalizeOptions {
 /// Momentum options; the state itself (fp32, same shape as the parameter) lives with the caller.
 struct MomentumOptions {
   MomentumConvention convention = MomentumConvention::sum;
-  float mu = 0.95f;
+  /// In double, as the trainer gives it: the float constants are rounded from it once
+  /// (momentum_coefficients(), torch's rounding of a Python float).
+  double mu = 0.95;
   bool nesterov = true;
 };
 

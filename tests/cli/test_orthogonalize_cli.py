@@ -5,7 +5,8 @@ Usage: scripts/venv-python test_orthogonalize_cli.py PATH/TO/muon-offload
 
 The reference is the published formula (Keller Jordan, "Muon", 2024; modded-nanogpt
 zeropower_via_newtonschulz5), in float64:
-    X = G / (||G||_F + eps)           (clamp mode: G / max(||G||_F, eps))
+    X = G / ||G||_F                   (default scale_invariant; add: G / (||G||_F + eps),
+                                       clamp: G / max(||G||_F, eps))
     transpose when rows > cols
     5 steps of  A = X X^T,  B = b A + c A A,  X = a X + B X   with (a, b, c) = (3.4445, -4.7750, 2.0315)
     U = max(1, rows / cols)^0.5 * X   (scale rule "keller")
@@ -26,14 +27,15 @@ TMP = None
 RNG = np.random.default_rng(20240601)
 
 
-def ns_reference(g, steps=5, eps=1e-7, eps_mode="add"):
+def ns_reference(g, steps=5, eps=1e-7, eps_mode="scale_invariant"):
     """Newton-Schulz of one 2-D matrix in float64, no scale."""
     x = np.asarray(g, dtype=np.float64)
     tall = x.shape[0] > x.shape[1]
     if tall:
         x = x.T
     norm = np.linalg.norm(x)
-    x = x / (norm + eps) if eps_mode == "add" else x / max(norm, eps)
+    x = {"scale_invariant": lambda: x / norm, "add": lambda: x / (norm + eps),
+         "clamp": lambda: x / max(norm, eps)}[eps_mode]()
     a, b, c = KELLER
     for _ in range(steps):
         A = x @ x.T
@@ -187,6 +189,13 @@ def check_eps_mode():
     assert rel_err(clamp, ref_clamp) < TOL, rel_err(clamp, ref_clamp)
     assert rel_err(add, ref_add) < TOL, rel_err(add, ref_add)
     assert rel_err(ref_clamp, ref_add) > 1e-2  # the check above can tell the two modes apart
+    # The default is scale invariant: the tiny gradient gives what the same gradient scaled to
+    # norm 1 gives (eps does not shrink it), where add and clamp give much less.
+    tiny = orthogonalize(g, name="tiny")
+    unit = orthogonalize((g.astype(np.float64) / 5e-8).astype(np.float32), name="unit")
+    assert rel_err(tiny, unit) < 1e-6, rel_err(tiny, unit)
+    assert rel_err(tiny, reference(g)) < TOL
+    assert rel_err(add, reference(g)) > 1e-2
     # --eps moves the guard: with eps 1e-9 both modes are ~ G / ||G||_F.
     near = orthogonalize(g, "--eps-mode", "clamp", "--eps", "1e-9", name="clamp_eps")
     assert rel_err(near, reference(g, eps=1e-9, eps_mode="clamp")) < TOL

@@ -210,7 +210,7 @@ TEST_F(CudaVsCpu, AllZeroInputGivesExactZeros) {
   auto g = gaussian(size_t(b) * n, 17);
   std::fill(g.begin() + n, g.begin() + 2 * n, 0.0f);
   for (Precision p : {Precision::fp32, Precision::bf16}) {
-    for (auto mode : {EpsMode::add, EpsMode::clamp}) {
+    for (auto mode : {EpsMode::scale_invariant, EpsMode::add, EpsMode::clamp}) {
       for (float eps : {1e-7f, 0.0f}) {
         OrthogonalizeOptions o;
         o.precision = p;

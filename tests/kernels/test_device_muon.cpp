@@ -125,7 +125,8 @@ TEST_F(DeviceMuonTest, MomentumIsBitwiseTheHostsElementwiseMath) {
     for (bool nesterov : {true, false}) {
       const auto o = options_of(conv, nesterov, Precision::fp32);
       std::vector<float> expected = m0;
-      for (int i = 0; i < n; ++i) expected[i] = momentum_step(conv, m0[i], g[i], o.momentum.mu);
+      for (int i = 0; i < n; ++i) expected[i] = momentum_step(conv, m0[i], g[i],
+                                                                momentum_coefficients(o.momentum.mu));
       const auto res = device_step(*dm_, {1, r, c}, g, m0, o);
       EXPECT_TRUE(bitwise_equal(res.momentum, expected))
           << "convention " << static_cast<int>(conv) << " nesterov " << nesterov;

@@ -103,7 +103,7 @@ TEST(OptionFields, BadValuesNameTheFieldAndWhatIsAccepted) {
     return [key, v] { options_from_json_object(json{{key, v}}, OptionKeys::overrides); };
   };
   EXPECT_EQ(invalid_message(with("mu", "high")), "field 'mu' must be a number");
-  EXPECT_EQ(invalid_message(with("mu", 1e39)), "field 'mu' = 1e+39 is outside the range of a float");
+  EXPECT_EQ(invalid_message(with("eps", 1e39)), "field 'eps' = 1e+39 is outside the range of a float");
   EXPECT_EQ(invalid_message(with("steps", 101)), "field 'steps' = 101 is outside [0, 100]");
   EXPECT_EQ(invalid_message(with("steps", 2.5)), "field 'steps' must be an integer");
   EXPECT_EQ(invalid_message(with("nesterov", 1)), "field 'nesterov' must be true or false");
@@ -111,7 +111,7 @@ TEST(OptionFields, BadValuesNameTheFieldAndWhatIsAccepted) {
   const auto scale = invalid_message(with("scale", "spectral"));
   EXPECT_EQ(scale.rfind("field 'scale': unknown scale rule 'spectral'", 0), 0u) << scale;
   EXPECT_EQ(invalid_message(with("eps_mode", "mul")),
-            "field 'eps_mode': unknown eps mode 'mul' (known: add, clamp)");
+            "field 'eps_mode': unknown eps mode 'mul' (known: scale_invariant, add, clamp)");
   EXPECT_EQ(invalid_message(with("schedule", std::string(65, 'x'))),
             "field 'schedule' is longer than 64");
   // "client" is the alias of client-held momentum; the canonical name goes back out.

@@ -3,6 +3,7 @@
 // SYRK/Gram = plain, non-finite policy, clear errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -145,7 +146,7 @@ TEST(CpuNewtonSchulz, RepeatedCallsAreBitwiseEqualDespiteWorkspaceReuse) {
 
 TEST(CpuNewtonSchulz, AllZeroInputGivesExactZeros) {
   auto backend = make_backend("cpu");
-  for (auto mode : {EpsMode::add, EpsMode::clamp}) {
+  for (auto mode : {EpsMode::scale_invariant, EpsMode::add, EpsMode::clamp}) {
     for (float eps : {1e-7f, 0.0f}) {
       for (auto algo : {NsAlgorithm::plain, NsAlgorithm::syrk, NsAlgorithm::gram}) {
         OrthogonalizeOptions o;
@@ -162,17 +163,19 @@ TEST(CpuNewtonSchulz, AllZeroInputGivesExactZeros) {
 
 TEST(CpuNewtonSchulz, EpsModesOnARankOneRow) {
   // A 1 x n row g has one singular value ||g|| / d after normalization by d; NS maps it to
-  // f(||g|| / d) along g / ||g||. With ||g|| = 1e-8 and eps = 1e-7: add -> d = 1.1e-7,
-  // clamp -> d = 1e-7.
+  // f(||g|| / d) along g / ||g||. With ||g|| = 5e-9 and eps = 1e-7: add -> d = 1.05e-7,
+  // clamp -> d = 1e-7, scale_invariant -> d = ||g|| (the row is not shrunk: f(1)).
   auto backend = make_backend("cpu");
   std::vector<float> g = {3e-9f, 4e-9f, 0.0f, 0.0f};  // ||g|| = 5e-9
   const double norm = 5e-9;
-  for (auto mode : {EpsMode::add, EpsMode::clamp}) {
+  for (auto mode : {EpsMode::scale_invariant, EpsMode::add, EpsMode::clamp}) {
     OrthogonalizeOptions o = unscaled("keller", 1);
     o.eps_mode = mode;
     std::vector<float> out(4);
     backend->orthogonalize("row", {1, 1, 4}, g.data(), out.data(), o);
-    const double d = mode == EpsMode::add ? norm + 1e-7 : 1e-7;
+    const double d = mode == EpsMode::add     ? norm + 1e-7
+                     : mode == EpsMode::clamp ? 1e-7
+                                              : norm;
     const double f = ns_scalar_map(find_ns_schedule("keller").coefficients(1), norm / d);
     EXPECT_NEAR(out[0], f * 0.6, 1e-5 * f) << static_cast<int>(mode);
     EXPECT_NEAR(out[1], f * 0.8, 1e-5 * f) << static_cast<int>(mode);
@@ -253,15 +256,16 @@ TEST(CpuMuonUpdate, MomentumThenNewtonSchulzBitwise) {
   for (auto conv : {MomentumConvention::sum, MomentumConvention::ema}) {
     for (bool nesterov : {true, false}) {
       MuonOptions o;
-      o.momentum = {conv, 0.9f, nesterov};
+      o.momentum = {conv, 0.9, nesterov};
       auto g = gaussian(n, 21), m0 = gaussian(n, 22);
       auto m = m0;
       std::vector<float> update(n);
       ASSERT_TRUE(backend->muon_update("w", {1, r, c}, g.data(), m.data(), update.data(), o));
       std::vector<float> m_ref(n), x(n), u_ref(n);
+      const auto k = momentum_coefficients(0.9);
       for (int i = 0; i < n; ++i) {
-        m_ref[i] = momentum_step(conv, m0[i], g[i], 0.9f);
-        x[i] = orthogonalize_input(conv, nesterov, m_ref[i], g[i], 0.9f);
+        m_ref[i] = momentum_step(conv, m0[i], g[i], k);
+        x[i] = orthogonalize_input(conv, nesterov, m_ref[i], g[i], k);
       }
       backend->orthogonalize("w", {1, r, c}, x.data(), u_ref.data(), o.orthogonalize);
       EXPECT_TRUE(bitwise_equal(m.data(), m_ref.data(), n));
@@ -349,4 +353,26 @@ TEST(CpuNewtonSchulz, BadInputIsAClearErrorNamingTheMatrix) {
   EXPECT_THROW(backend->orthogonalize("w", {1, 8, 8}, buf.data(), out.data(), bf16),
                InvalidArgument);
   EXPECT_THROW(make_backend("tpu"), InvalidArgument);
+}
+
+TEST(CpuNewtonSchulz, ScaleInvariantNormalization) {
+  // NS(c*G) = NS(G): bitwise for powers of two (c*G and ||c*G|| are exact), also where a float
+  // norm would overflow (entries near FLT_MAX) or where eps would have shrunk G (tiny entries).
+  auto backend = make_backend("cpu");
+  const int r = 12, c = 20, n = r * c;
+  const auto g = gaussian(n, 31);
+  OrthogonalizeOptions o;  // default: scale_invariant
+  ASSERT_EQ(o.eps_mode, EpsMode::scale_invariant);
+  std::vector<float> base(n), out(n), x(n);
+  backend->orthogonalize("g", {1, r, c}, g.data(), base.data(), o);
+  for (float c2 : {0x1p-120f, 0x1p-40f, 0x1p60f, 0x1p100f}) {
+    for (int i = 0; i < n; ++i) x[i] = g[i] * c2;
+    backend->orthogonalize("g", {1, r, c}, x.data(), out.data(), o);
+    EXPECT_TRUE(bitwise_equal(out.data(), base.data(), n)) << c2;
+  }
+  float max_abs = 0.0f;
+  for (float v : g) max_abs = std::max(max_abs, std::abs(v));
+  for (int i = 0; i < n; ++i) x[i] = g[i] / max_abs * 3e38f;  // ||x|| ~ 4e39 > FLT_MAX
+  backend->orthogonalize("g", {1, r, c}, x.data(), out.data(), o);
+  for (int i = 0; i < n; ++i) ASSERT_NEAR(out[i], base[i], 1e-5f) << i;
 }

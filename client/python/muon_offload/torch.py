@@ -1,22 +1,20 @@
 """Muon for PyTorch with the optimizer math in a muon-offloadd server (:class:`OffloadMuon`), and
 the same optimizer computed in process with the server's own C++ kernels (:class:`InProcessMuon`).
 
-The math (Muon: Keller Jordan, "Muon: An optimizer for hidden layers in neural networks", 2024,
-https://kellerjordan.github.io/posts/muon/; momentum convention ``sum`` of Moonlight, Liu et al.,
-"Muon is Scalable for LLM Training", arXiv:2502.16982), per matrix parameter W with gradient G:
+The Muon math is :class:`muon_offload.config.MuonConfig`'s, torch.optim.Muon's by default (Muon:
+Keller Jordan, "Muon: An optimizer for hidden layers in neural networks", 2024,
+https://kellerjordan.github.io/posts/muon/), per matrix parameter W of shape (r, c) with
+gradient G:
 
-    M <- mu*M + G                       (momentum "sum"; "ema": M <- lerp(M, G, 1-mu))
-    X  = G + mu*M  (Nesterov)  or M     ("ema": lerp(G, M, mu))
-    U  = extra_scale * scale(r, c) * NS(X)   NS: Newton-Schulz, schedule "keller" =
-                                             (3.4445, -4.7750, 2.0315) x 5, on X/(||X||_F+eps)
-    W <- W*(1 - lr*wd) - lr*U           (on the trainer: lr and wd may follow a scheduler)
+    M <- lerp(M, G, 1-mu)                (momentum_convention "ema"; "sum": M <- mu*M + G)
+    X  = lerp(G, M, mu) (Nesterov) or M  ("sum": G + mu*M)
+    U  = NS(X)                           Newton-Schulz, (3.4445, -4.7750, 2.0315) x ns_steps,
+                                         on X/||X||_F (eps_mode; the server computes it)
+    W <- W*(1 - lr*wd)                   (on the trainer: lr and wd may follow a scheduler)
+    W <- W - lr*adjust_lr(r, c)*U        (adjust_lr_fn, torch's; or a server-side ``scale``)
 
-``scale`` names (the anchors' names clash, so formulas are named): ``keller`` max(1, r/c)^1/2
-(Keller's reference, Megatron "spectral"-free default), ``match_adamw`` 0.2*sqrt(max(r, c))
-(Moonlight), ``sqrt_max`` sqrt(max(r, c)) (NVIDIA "spectral"), ``unit_rms`` sqrt(r/c) (dion
-"spectral_norm"), ``none``. Everything else — embeddings, the output head, norms, biases — is
-updated by a built-in AdamW (Loshchilov & Hutter, arXiv:1711.05101: decoupled weight decay,
-bias-corrected moments).
+Everything else — embeddings, the output head, norms, biases — is updated by a built-in AdamW
+(Loshchilov & Hutter, arXiv:1711.05101: decoupled weight decay, bias-corrected moments).
 """
 from __future__ import annotations
 
@@ -34,6 +32,7 @@ import torch.distributed as dist
 
 from . import _native
 from .client import Client, local_update
+from .config import MuonConfig
 from ._native import (ConnectionLost, InvalidArgument, MuonOffloadError, NonFiniteGradient)
 
 __all__ = ["OffloadMuon", "InProcessMuon", "default_route", "MuonOffloadError"]
@@ -82,12 +81,14 @@ def _matrix_shape(p: torch.Tensor, flatten: bool) -> Tuple[int, ...]:
 
 
 class _Meta:
-    """What the optimizer knows about one Muon parameter."""
-    __slots__ = ("name", "shape", "options", "push", "server")
+    """What the optimizer knows about one Muon parameter. ``shape``: the matrix shape the server
+    sees; ``blocks``: the row blocks orthogonalized separately ([rows] without row_splits)."""
+    __slots__ = ("name", "shape", "options", "push", "server", "blocks")
 
-    def __init__(self, name, shape, options, push, server):
+    def __init__(self, name, shape, options, push, server, blocks):
         self.name, self.shape, self.options, self.push, self.server = (name, shape, options,
                                                                         push, server)
+        self.blocks = blocks
 
     @property
     def numel(self):
@@ -108,28 +109,45 @@ def _names_from(names) -> Dict[int, str]:
     return out
 
 
+def muon_config(config: Optional[MuonConfig], args: Sequence, keywords: Mapping,
+                where: str) -> MuonConfig:
+    """The MuonConfig of an optimizer's ``*muon_args, **muon_keywords`` (positional in
+    torch.optim.Muon's order, MuonConfig.KEYWORDS), on top of ``config`` when given. TypeError
+    for too many positional arguments, one given twice, or an unknown keyword."""
+    if len(args) > len(MuonConfig.KEYWORDS):
+        raise TypeError(f"{where} takes at most {len(MuonConfig.KEYWORDS)} positional Muon "
+                        f"arguments ({', '.join(MuonConfig.KEYWORDS)}), got {len(args)}")
+    given = dict(zip(MuonConfig.KEYWORDS, args))
+    twice = sorted(set(given) & set(keywords))
+    if twice:
+        raise TypeError(f"{where} got multiple values for {twice}")
+    given.update(keywords)
+    if config is None:
+        return MuonConfig.from_keywords(given, where)
+    if not given:
+        return config
+    MuonConfig.from_keywords(given, where)  # names checked
+    return config.replace(**given)
+
+
 # ---------------------------------------------------------------------------------------------
 
 class _MuonBase(torch.optim.Optimizer):
     """Shared by OffloadMuon and InProcessMuon: parameter parsing and routing, the AdamW part,
     the apply rule, distributed gradient averaging, timing."""
 
-    def __init__(self, params, *, lr, momentum, nesterov, weight_decay, adamw_lr, adamw_betas,
-                 adamw_eps, adamw_weight_decay, schedule, steps, scale, extra_scale, eps,
-                 momentum_convention, names, route, row_splits, mode, process_group, prefix):
+    def __init__(self, params, *, config: MuonConfig, adamw_lr, adamw_betas, adamw_eps,
+                 adamw_weight_decay, names, route, mode, process_group, prefix):
         if mode not in ("server_reduce", "shard"):
             raise InvalidArgument(f"mode must be 'server_reduce' or 'shard', got {mode!r}")
-        if lr < 0 or adamw_lr < 0:
+        if adamw_lr < 0:
             raise InvalidArgument("learning rates must be >= 0")
         self.mode = mode
+        self.config = config
         self._route = route
         self._names = _names_from(names)
-        self._row_splits = dict(row_splits or {})
+        self._row_splits = dict(config.row_splits or {})
         self._prefix = prefix
-        self._muon_opts = {
-            "momentum": momentum_convention, "mu": float(momentum), "nesterov": bool(nesterov),
-            "schedule": schedule, "steps": int(steps), "scale": scale,
-            "extra_scale": float(extra_scale), "eps": float(eps)}
         if process_group is None and dist.is_available() and dist.is_initialized():
             process_group = dist.group.WORLD
         self._pg = process_group
@@ -141,9 +159,10 @@ class _MuonBase(torch.optim.Optimizer):
         self._warned_unnamed = False
         self._ready = False
         self._adamw_defaults = {"lr": adamw_lr, "betas": tuple(adamw_betas), "eps": adamw_eps,
-                                "weight_decay": (weight_decay if adamw_weight_decay is None
+                                "weight_decay": (config.weight_decay if adamw_weight_decay is None
                                                  else adamw_weight_decay)}
-        defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov)
+        # A Muon group's keys are torch.optim.Muon's (its state_dict layout).
+        defaults = {k: getattr(config, k) for k in MuonConfig.KEYWORDS}
         self.last_step_seconds = 0.0
         self.last_hook_seconds = 0.0
         self._hook_seconds = 0.0
@@ -219,7 +238,7 @@ class _MuonBase(torch.optim.Optimizer):
         adamw_keys = {"adamw_lr": "lr", "adamw_betas": "betas", "adamw_eps": "eps",
                       "adamw_weight_decay": "weight_decay"}
         common = {k: v for k, v in g.items() if k not in adamw_keys
-                  and k not in ("lr", "weight_decay", "momentum", "nesterov")}
+                  and k not in MuonConfig.KEYWORDS}
         if muon:
             mg = dict(g)
             for k in adamw_keys:
@@ -239,14 +258,18 @@ class _MuonBase(torch.optim.Optimizer):
             super().add_param_group(group)
             flatten = group.get("flatten") or [False] * len(group["params"])
             new = []
+            # The group's own torch.optim.Muon keywords (a group may set momentum, ns_steps...).
+            cfg = self.config.replace(**{k: group[k] for k in MuonConfig.KEYWORDS
+                                         if k != "ns_coefficients"},
+                                      ns_coefficients=tuple(group["ns_coefficients"]))
             for p, name, flat in zip(group["params"], group["param_names"], flatten):
                 shape = _matrix_shape(p, flat)
-                opts = dict(self._muon_opts)
-                opts["mu"] = float(group["momentum"])
-                opts["nesterov"] = bool(group["nesterov"])
+                opts = cfg.server_options()
+                blocks = [shape[-2]]
                 if name in self._row_splits:
-                    opts["row_splits"] = [int(x) for x in self._row_splits[name]]
-                self._meta[p] = _Meta(self._prefix + name, shape, opts, None, 0)
+                    blocks = [int(x) for x in self._row_splits[name]]
+                    opts["row_splits"] = blocks
+                self._meta[p] = _Meta(self._prefix + name, shape, opts, None, 0, blocks)
                 self._muon_params.append(p)
                 new.append(p)
             if self._ready:
@@ -304,12 +327,62 @@ class _MuonBase(torch.optim.Optimizer):
             denom = (st["exp_avg_sq"].sqrt() / math.sqrt(1 - b2 ** t)).add_(eps)
             p.addcdiv_(st["exp_avg"], denom, value=-lr / (1 - b1 ** t))
 
-    @staticmethod
-    def _apply(p: torch.Tensor, update: torch.Tensor, lr: float, wd: float) -> None:
-        """W <- W*(1 - lr*wd) - lr*U."""
-        if wd != 0:
-            p.mul_(1 - lr * wd)
-        p.add_(update.view(p.shape).to(device=p.device, dtype=p.dtype), alpha=-lr)
+    def _apply(self, p: torch.Tensor, update: torch.Tensor, group: dict) -> None:
+        """torch.optim.Muon's two in-place ops: W <- W*(1 - lr*wd), then W <- W - adjusted_lr*U
+        with adjusted_lr = lr * adjust_lr(block shape) per row block (MuonConfig.lr_factor of
+        the group's adjust_lr_fn; 1 when the server applied a ``scale``)."""
+        lr, wd = group["lr"], group["weight_decay"]
+        cfg = self.config
+        if group.get("adjust_lr_fn") != cfg.adjust_lr_fn:
+            cfg = cfg.replace(adjust_lr_fn=group.get("adjust_lr_fn"))
+        m = self._meta[p]
+        p.mul_(1 - lr * wd)
+        u = update.to(device=p.device, dtype=p.dtype)
+        cols = m.shape[-1]
+        if len(m.blocks) == 1:
+            p.add_(u.view(p.shape), alpha=-(lr * cfg.lr_factor(m.blocks[0], cols)))
+            return
+        u, w = u.view(m.shape), p.view(m.shape)
+        r0 = 0
+        for rows in m.blocks:
+            w[..., r0:r0 + rows, :].add_(u[..., r0:r0 + rows, :],
+                                        alpha=-(lr * cfg.lr_factor(rows, cols)))
+            r0 += rows
+
+    # Keys a Muon group's server registration fixed: a checkpoint must agree on them.
+    _FIXED_KEYS = ("momentum", "nesterov", "ns_coefficients", "eps", "ns_steps")
+
+    def load_state_dict(self, state_dict):
+        """torch's load_state_dict, accepting torch.optim.Muon's layout too (no ``step``: taken
+        as 1) and keeping this optimizer's own group keys (use_muon, param_names, flatten).
+        Raises InvalidArgument when a Muon group of the checkpoint has another momentum,
+        nesterov, ns_coefficients, eps or ns_steps than this optimizer registered."""
+        for mine, saved in zip(self.param_groups, state_dict.get("param_groups", [])):
+            if not mine["use_muon"]:
+                continue
+            for k in self._FIXED_KEYS:
+                a, b = mine.get(k), saved.get(k, mine.get(k))
+                if k == "ns_coefficients":
+                    a, b = tuple(map(float, a)), tuple(map(float, b))
+                if a != b:
+                    raise InvalidArgument(
+                        f"checkpoint group has {k}={b!r}, this optimizer registered {k}={a!r} "
+                        "with its server: construct the optimizer with the checkpoint's value")
+        private = [{k: g[k] for k in ("use_muon", "param_names", "flatten") if k in g}
+                   for g in self.param_groups]
+        super().load_state_dict(state_dict)
+        for g, keys in zip(self.param_groups, private):
+            for k, v in keys.items():
+                g.setdefault(k, v)
+        for _, p in self._muon_items():
+            st = self.state.get(p)
+            if st and "momentum_buffer" in st and "step" not in st:
+                st["step"] = 1
+
+    def momentum_buffer(self, p: torch.Tensor) -> torch.Tensor:
+        """The momentum of Muon parameter ``p`` (fp32, CPU, the matrix shape the server sees:
+        ``p``'s own for 2-D), as its last step left it; zeros before the first step."""
+        raise NotImplementedError
 
     def _muon_items(self):
         for g in self.param_groups:
@@ -353,9 +426,17 @@ class OffloadMuon(_MuonBase):
         params_or_groups: tensors, ``(name, tensor)`` pairs (``model.named_parameters()``), or
             param-group dicts of either. Names drive the routing (see :func:`default_route`);
             without names pass ``names=model`` (or a ``{name: tensor}`` mapping).
-        lr, weight_decay: Muon's learning rate and decoupled weight decay,
-            ``W <- W*(1 - lr*wd) - lr*U``. Both may change between steps (LR schedulers).
-        momentum, nesterov: mu and Nesterov of the server-held momentum (fixed at construction).
+        *muon_args, **muon_keywords: the Muon math, the fields of one
+            :class:`~muon_offload.config.MuonConfig` (or ``config=MuonConfig(...)``):
+            torch.optim.Muon's ``lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True,
+            ns_coefficients=(3.4445, -4.7750, 2.0315), eps=1e-7, ns_steps=5,
+            adjust_lr_fn=None`` with torch's defaults and meaning (positionally in that order),
+            and the keyword-only ``momentum_convention``, ``eps_mode``, ``schedule``,
+            ``scale``, ``extra_scale``, ``row_splits``. ``W <- W*(1 - lr*wd)``, then
+            ``W <- W - lr*adjust_lr(r, c)*U`` as torch.optim.Muon; lr and weight_decay may change
+            between steps (LR schedulers); momentum, nesterov and the Newton-Schulz keywords are
+            fixed at registration. ``row_splits={name: [q, k, v]}`` orthogonalizes row blocks of
+            a fused QKV separately (each block with its own adjust_lr factor).
         adamw_lr, adamw_betas, adamw_eps, adamw_weight_decay: the built-in AdamW for embeddings,
             the output head, norms and biases (weight decay defaults to ``weight_decay``).
         servers: Unix socket paths of the job's servers (list or comma-separated string);
@@ -364,9 +445,6 @@ class OffloadMuon(_MuonBase):
             ``{name: server index}``); with a plan (``MUON_OFFLOAD_PLAN``, set by the launcher's
             ``--plan``) each parameter it names goes to the server the plan gives this rank's
             domain: its relay (``parameters[].relays``), else its owner.
-        schedule, steps, scale, extra_scale, eps, momentum_convention, row_splits: the Muon
-            options (see ``muon-offload schedules``); ``row_splits={name: [q, k, v]}``
-            orthogonalizes row blocks of a fused QKV separately.
         mode: under torch.distributed with world size w > 1:
             ``"server_reduce"`` (default) — every rank pushes its local gradient divided by w and
             the server sums the w contributions (contributor order, deterministic): the server's
@@ -432,19 +510,17 @@ class OffloadMuon(_MuonBase):
     untouched).
     """
 
-    def __init__(self, params_or_groups, lr: float = 0.02, momentum: float = 0.95,
-                 nesterov: bool = True, weight_decay: float = 0.0, *,
+    def __init__(self, params_or_groups, *muon_args, config: Optional[MuonConfig] = None,
                  servers=None, adamw_lr: float = 3e-4,
                  adamw_betas: Tuple[float, float] = (0.9, 0.95), adamw_eps: float = 1e-8,
-                 adamw_weight_decay: Optional[float] = None, schedule: str = "keller",
-                 steps: int = 0, scale: str = "keller", extra_scale: float = 1.0,
-                 eps: float = 1e-7, momentum_convention: str = "sum", mode: str = "server_reduce",
+                 adamw_weight_decay: Optional[float] = None, mode: str = "server_reduce",
                  names=None, route: Optional[Callable] = None,
-                 row_splits: Optional[Mapping[str, Sequence[int]]] = None,
                  process_group=None, prefix: str = "", assign: Optional[Mapping[str, int]] = None,
                  grad_dtype: str = "f32", update_dtype: str = "f32",
                  connect_timeout_s: float = 10.0, timeout_s: float = 120.0,
-                 resume_from_server: bool = False, data_plane: Optional[str] = None):
+                 resume_from_server: bool = False, data_plane: Optional[str] = None,
+                 **muon_keywords):
+        config = muon_config(config, muon_args, muon_keywords, type(self).__name__)
         if servers is None:
             servers = os.environ.get("MUON_OFFLOAD_SERVERS", "")
             if not servers:
@@ -466,13 +542,10 @@ class OffloadMuon(_MuonBase):
         self._loads = [0.0] * len(self.servers)
         self.last_step_stats: Dict[str, object] = {}
         self._device_io = False  # CUDA tensors through the library's device entry points
-        super().__init__(params_or_groups, lr=lr, momentum=momentum, nesterov=nesterov,
-                         weight_decay=weight_decay, adamw_lr=adamw_lr, adamw_betas=adamw_betas,
-                         adamw_eps=adamw_eps, adamw_weight_decay=adamw_weight_decay,
-                         schedule=schedule, steps=steps, scale=scale, extra_scale=extra_scale,
-                         eps=eps, momentum_convention=momentum_convention, names=names,
-                         route=route, row_splits=row_splits, mode=mode,
-                         process_group=process_group, prefix=prefix)
+        super().__init__(params_or_groups, config=config, adamw_lr=adamw_lr,
+                         adamw_betas=adamw_betas, adamw_eps=adamw_eps,
+                         adamw_weight_decay=adamw_weight_decay, names=names, route=route,
+                         mode=mode, process_group=process_group, prefix=prefix)
         # After the base class: it resolved the process group, which gives this rank's domain.
         self._assign = dict(assign or {}) or _plan_targets(os.environ.get("MUON_OFFLOAD_PLAN"),
                                                            _plan_rank(self._pg))
@@ -686,7 +759,7 @@ class OffloadMuon(_MuonBase):
                     errors.append(e)
                     self.state[p]["step"] = step + 1
                     continue
-                self._apply(p, buf, g["lr"], g["weight_decay"])
+                self._apply(p, buf, g)
                 self.state[p]["step"] = step + 1
         except _native.MuonOffloadError as e:
             self._fail(e)
@@ -759,7 +832,7 @@ class OffloadMuon(_MuonBase):
             raise MuonOffloadError("OffloadMuon is closed")
         saved = state_dict["state"]
         momenta = {k: v.get("momentum_buffer") for k, v in saved.items() if isinstance(v, dict)}
-        super().load_state_dict(state_dict)
+        _MuonBase.load_state_dict(self, state_dict)
         self._pushed.clear()
         self._committed.clear()
         idx = self._param_index()
@@ -816,6 +889,23 @@ class OffloadMuon(_MuonBase):
             mine = self._server_step(p) - 1
             if last != mine:
                 self._stale[m.name] = f"server at step {last}, optimizer at step {mine}"
+
+    def momentum_buffer(self, p: torch.Tensor) -> torch.Tensor:
+        """The server-held momentum of Muon parameter ``p`` (fp32, CPU, the matrix shape the
+        server sees: ``p``'s own for 2-D), fetched from its server: as the last step applied
+        left it, zeros before the first. The public way to read it (state_dict() carries the
+        same tensors). Raises InvalidArgument for a parameter that is not on a server, the
+        server's errors otherwise."""
+        self._check_usable()
+        m = self._meta.get(p)
+        if m is None:
+            raise InvalidArgument("momentum_buffer(): not a Muon parameter of this optimizer")
+        buf = torch.empty(m.shape, dtype=torch.float32)
+        try:
+            self._client.fetch_momentum(m.name, buf)
+        except _native.MuonOffloadError as e:
+            self._fail(e)
+        return buf
 
     def _server_last_step(self, m: _Meta) -> int:
         """The last step the server applied to a parameter (-1: none)."""
@@ -915,27 +1005,31 @@ class InProcessMuon(_MuonBase):
     runs on the same OpenBLAS (Debian's python3-torch does), that count applies to torch's
     matmuls too — set ``OPENBLAS_NUM_THREADS`` to the same value for reproducible runs."""
 
-    def __init__(self, params_or_groups, lr: float = 0.02, momentum: float = 0.95,
-                 nesterov: bool = True, weight_decay: float = 0.0, *, threads: int = 1,
-                 adamw_lr: float = 3e-4, adamw_betas: Tuple[float, float] = (0.9, 0.95),
-                 adamw_eps: float = 1e-8, adamw_weight_decay: Optional[float] = None,
-                 schedule: str = "keller", steps: int = 0, scale: str = "keller",
-                 extra_scale: float = 1.0, eps: float = 1e-7, momentum_convention: str = "sum",
-                 mode: str = "server_reduce", names=None, route: Optional[Callable] = None,
-                 row_splits: Optional[Mapping[str, Sequence[int]]] = None, process_group=None,
-                 prefix: str = "", **offload_only):
-        unknown = set(offload_only) - _OFFLOAD_ONLY
-        if unknown:
-            raise TypeError(f"InProcessMuon got unexpected arguments {sorted(unknown)}")
+    def __init__(self, params_or_groups, *muon_args, config: Optional[MuonConfig] = None,
+                 threads: int = 1, adamw_lr: float = 3e-4,
+                 adamw_betas: Tuple[float, float] = (0.9, 0.95), adamw_eps: float = 1e-8,
+                 adamw_weight_decay: Optional[float] = None, mode: str = "server_reduce",
+                 names=None, route: Optional[Callable] = None, process_group=None,
+                 prefix: str = "", **keywords):
+        offload_only = {k: keywords.pop(k) for k in list(keywords) if k in _OFFLOAD_ONLY}
+        del offload_only  # accepted so that the two classes swap freely
+        config = muon_config(config, muon_args, keywords, type(self).__name__)
         self.threads = int(threads)
-        super().__init__(params_or_groups, lr=lr, momentum=momentum, nesterov=nesterov,
-                         weight_decay=weight_decay, adamw_lr=adamw_lr, adamw_betas=adamw_betas,
-                         adamw_eps=adamw_eps, adamw_weight_decay=adamw_weight_decay,
-                         schedule=schedule, steps=steps, scale=scale, extra_scale=extra_scale,
-                         eps=eps, momentum_convention=momentum_convention, names=names,
-                         route=route, row_splits=row_splits, mode=mode,
-                         process_group=process_group, prefix=prefix)
+        super().__init__(params_or_groups, config=config, adamw_lr=adamw_lr,
+                         adamw_betas=adamw_betas, adamw_eps=adamw_eps,
+                         adamw_weight_decay=adamw_weight_decay, names=names, route=route,
+                         mode=mode, process_group=process_group, prefix=prefix)
         self._no_commit_depth = 0
+
+    def momentum_buffer(self, p: torch.Tensor) -> torch.Tensor:
+        """A copy of the momentum of Muon parameter ``p`` (fp32, the matrix shape)."""
+        m = self._meta.get(p)
+        if m is None:
+            raise InvalidArgument("momentum_buffer(): not a Muon parameter of this optimizer")
+        st = self.state.get(p) or {}
+        buf = st.get("momentum_buffer")
+        return (torch.zeros(m.shape, dtype=torch.float32) if buf is None
+                else buf.detach().to("cpu", torch.float32).reshape(m.shape).clone())
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -951,8 +1045,8 @@ class InProcessMuon(_MuonBase):
         for (g, p), grad in zip(items, grads):
             m = self._meta[p]
             st = self.state[p]
+            st.setdefault("step", 0)
             if "momentum_buffer" not in st:
-                st["step"] = int(st.get("step", 0))
                 st["momentum_buffer"] = torch.zeros(m.shape, dtype=torch.float32)
             gm = grad.reshape(m.shape).to("cpu", torch.float32).contiguous()
             mom = st["momentum_buffer"]
@@ -969,7 +1063,7 @@ class InProcessMuon(_MuonBase):
             updates.append((g, p, upd))
         self._adamw_step()
         for g, p, upd in updates:
-            self._apply(p, upd, g["lr"], g["weight_decay"])
+            self._apply(p, upd, g)
         self.last_hook_seconds = 0.0
         self.last_step_seconds = time.perf_counter() - t0
         if errors:

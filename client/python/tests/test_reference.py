@@ -51,9 +51,9 @@ class Recording(OffloadMuon):
         self.updates = {}
         super().__init__(*a, **k)
 
-    def _apply(self, p, update, lr, wd):
+    def _apply(self, p, update, group):
         self.updates[id(p)] = update.detach().clone().view(self._meta[p].shape)
-        super()._apply(p, update, lr, wd)
+        super()._apply(p, update, group)
 
 
 def test_server_update_matches_the_published_formula(server):
@@ -67,8 +67,11 @@ def test_server_update_matches_the_published_formula(server):
     }
     splits = {"attn.qkv.weight": [8, 8, 8]}
     lr, wd = 0.05, 0.1
+    # The published formula's choices: momentum "sum", eps added, the keller scale applied by
+    # the server (the defaults are torch.optim.Muon's: ema, scale invariant, adjust_lr_fn).
     opt = Recording(list(params.items()), servers=[server.socket], lr=lr, momentum=MU,
-                    weight_decay=wd, row_splits=splits)
+                    weight_decay=wd, row_splits=splits, momentum_convention="sum",
+                    eps_mode="add", scale="keller")
     assert all(kind == "muon" for kind, _ in opt.routing.values())
     shapes = {n: s for n, (_, s) in opt.routing.items()}
     momentum = {n: torch.zeros(shapes[n], dtype=torch.float64) for n in params}

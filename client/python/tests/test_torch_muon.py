@@ -1,0 +1,204 @@
+"""muon_offload.Muon side by side with torch.optim.Muon, in one process, on the same model.
+
+Both optimizers must see the same gradients every step: if their parameters differ in the last
+bits (and they do: the Newton-Schulz GEMMs sum in another order), gradients computed on each
+model would differ too, and the momentum could not be compared bitwise. So each step computes
+the gradients once, on torch's model, and copies them into ours (our hooks are then not involved:
+step() pushes gradients set without backward). With the same gradients the momentum buffers are
+bitwise torch's (torch's lerp, its rounding of 1 - momentum) every step, and the parameters stay
+within 1e-5 relative over 60 steps when both run Newton-Schulz in fp32 (torch's own function with
+bfloat16 replaced by float32: the products then differ only by BLAS summation order).
+torch.optim.Muon itself runs Newton-Schulz in bfloat16; against it the parameters agree to the
+bf16 tolerance stated in test_against_torchs_bf16_newton_schulz.
+"""
+import pytest
+import torch
+import torch.nn as nn
+
+import muon_offload
+from muon_offload import InvalidArgument, Muon, MuonConfig
+
+STEPS = 60
+SHAPES = [(24, 16), (16, 40), (33, 17)]   # tall, wide, odd (the lerp kernel's scalar tail)
+
+
+def make_model(seed=0):
+    torch.manual_seed(seed)
+    return nn.ParameterList([nn.Parameter(torch.randn(*s) * 0.3) for s in SHAPES])
+
+
+def loss_fn(ps, step):
+    g = torch.Generator().manual_seed(100 + step)
+    x = torch.randn(8, SHAPES[0][1], generator=g)
+    h = torch.tanh(x @ ps[0].T)                         # 8 x 24
+    h = torch.tanh(h[:, :16] @ ps[1])                   # 8 x 40
+    h = h[:, :17] @ ps[2].T                             # 8 x 33
+    return (h ** 2).mean() + (h.sum(1) - 1).pow(2).mean()
+
+
+def ns_fp32(grad, ns_coefficients, ns_steps, eps, *_):
+    """torch.optim._muon._zeropower_via_newtonschulz with bfloat16 replaced by float32."""
+    a, b, c = ns_coefficients
+    x = grad.to(dtype=torch.float32, copy=True)
+    if grad.size(0) > grad.size(1):
+        x = x.T
+    x.div_(x.norm().clamp(min=eps))
+    for _ in range(ns_steps):
+        gram = x @ x.T
+        upd = torch.addmm(gram, gram, gram, beta=b, alpha=c)
+        x = torch.addmm(x, upd, x, beta=a)
+    if grad.size(0) > grad.size(1):
+        x = x.T
+    return x
+
+
+def side_by_side(server, steps=STEPS, ours_kw=None, **kw):
+    """Trains torch.optim.Muon and muon_offload.Muon on copies of one model with the same
+    gradients; returns (max relative parameter difference over the steps, the two optimizers,
+    the two models). Asserts the momentum buffers bitwise equal after every step."""
+    ref, mine = make_model(), make_model()
+    t_opt = torch.optim.Muon(ref.parameters(), **kw)
+    o_opt = Muon(mine.parameters(), servers=[server.socket], **dict(kw, **(ours_kw or {})))
+    worst = 0.0
+    for s in range(steps):
+        t_opt.zero_grad()
+        loss_fn(ref, s).backward()
+        for p, q in zip(ref, mine):
+            q.grad = p.grad.clone()
+        t_opt.step()
+        o_opt.step()
+        for i, (p, q) in enumerate(zip(ref, mine)):
+            buf = t_opt.state[p]["momentum_buffer"]
+            assert torch.equal(o_opt.momentum_buffer(q), buf), f"momentum {i} step {s}"
+            worst = max(worst, ((p - q).norm() / p.norm()).item())
+    return worst, t_opt, o_opt, ref, mine
+
+
+@pytest.mark.parametrize("nesterov", [True, False])
+@pytest.mark.parametrize("adjust_lr_fn", [None, "original", "match_rms_adamw",
+                                          "spectral_unclamped"])
+def test_same_numbers_as_torch_muon(server, monkeypatch, nesterov, adjust_lr_fn):
+    monkeypatch.setattr(torch.optim._muon, "_zeropower_via_newtonschulz", ns_fp32)
+    worst, *_ = side_by_side(server, lr=0.02, nesterov=nesterov, adjust_lr_fn=adjust_lr_fn,
+                             ours_kw={"eps_mode": "torch"})
+    assert worst < 1e-5, worst
+
+
+def test_checkpoints_migrate_both_ways(server, monkeypatch):
+    """A torch.optim.Muon checkpoint loads into muon_offload.Muon and training continues with
+    the same numbers; and the other way round."""
+    monkeypatch.setattr(torch.optim._muon, "_zeropower_via_newtonschulz", ns_fp32)
+    kw = dict(lr=0.02, momentum=0.9)
+    # torch -> ours
+    ref = make_model()
+    t_opt = torch.optim.Muon(ref.parameters(), **kw)
+    for s in range(5):
+        t_opt.zero_grad()
+        loss_fn(ref, s).backward()
+        t_opt.step()
+    sd = t_opt.state_dict()
+    assert set(sd["state"][0]) == {"momentum_buffer"}
+    mine = make_model()
+    mine.load_state_dict(ref.state_dict())
+    o_opt = Muon(mine.parameters(), servers=[server.socket], prefix="t2o.", eps_mode="torch", **kw)
+    o_opt.load_state_dict(sd)
+    for i, q in enumerate(mine):
+        assert torch.equal(o_opt.momentum_buffer(q), sd["state"][i]["momentum_buffer"])
+    for s in range(5, 10):
+        t_opt.zero_grad()
+        loss_fn(ref, s).backward()
+        for p, q in zip(ref, mine):
+            q.grad = p.grad.clone()
+        t_opt.step()
+        o_opt.step()
+        for p, q in zip(ref, mine):
+            assert torch.equal(o_opt.momentum_buffer(q), t_opt.state[p]["momentum_buffer"])
+            assert ((p - q).norm() / p.norm()).item() < 1e-5
+    # ours -> torch
+    ours_sd = o_opt.state_dict()
+    for k in MuonConfig.KEYWORDS:
+        assert k in ours_sd["param_groups"][0], k
+    back = make_model()
+    back.load_state_dict(mine.state_dict())
+    t2 = torch.optim.Muon(back.parameters(), **kw)
+    t2.load_state_dict(ours_sd)
+    for s in range(10, 13):
+        t2.zero_grad()
+        loss_fn(back, s).backward()
+        for p, q in zip(mine, back):
+            p.grad = q.grad.clone()
+        o_opt.step()
+        t2.step()
+        for p, q in zip(mine, back):
+            assert torch.equal(o_opt.momentum_buffer(p), t2.state[q]["momentum_buffer"])
+            assert ((p - q).norm() / p.norm()).item() < 1e-5
+    # A checkpoint with another momentum than the server registered is refused.
+    bad = t2.state_dict()
+    bad["param_groups"][0]["momentum"] = 0.5
+    with pytest.raises(InvalidArgument, match="momentum"):
+        o_opt.load_state_dict(bad)
+    o_opt.close()
+
+
+def test_constructor_is_torchs():
+    import inspect
+    ours = inspect.signature(Muon.__init__).parameters
+    theirs = inspect.signature(torch.optim.Muon.__init__).parameters
+    for name in MuonConfig.KEYWORDS:
+        assert name in theirs, name
+        assert ours[name].default == theirs[name].default, name
+    assert list(ours)[2:2 + len(MuonConfig.KEYWORDS)] == list(MuonConfig.KEYWORDS)
+    with pytest.raises(ValueError, match="2D"):
+        Muon([torch.zeros(3)], servers=["/nonexistent"])
+    with pytest.raises(ValueError, match="not supported"):
+        MuonConfig(adjust_lr_fn="bogus")
+    assert muon_offload.Muon is Muon
+
+
+def test_momentum_is_torchs_lerp_bitwise_at_odd_sizes():
+    """The in-process kernels (the server's) against torch's lerp_ on sizes that are not a
+    multiple of the vector width (the scalar tail of ATen's kernel), for 30 steps."""
+    from muon_offload import local_update
+    opts = {"momentum": "ema", "mu": 0.95, "nesterov": True}
+    for shape in [(1, 1), (3, 5), (7, 9), (17, 31), (33, 65)]:
+        g = torch.Generator().manual_seed(sum(shape))
+        mom = torch.zeros(shape)
+        buf = torch.zeros(shape)
+        upd = torch.empty(shape)
+        for _ in range(30):
+            grad = torch.randn(shape, generator=g)
+            local_update("m", shape, opts, grad, mom, upd)
+            buf.lerp_(grad, 1 - 0.95)
+            assert torch.equal(mom, buf), shape
+
+
+def test_normalization_is_scale_invariant():
+    """NS(c*G) = NS(G) (bitwise for powers of two, to fp32 rounding otherwise) where eps only
+    guards a zero matrix; torch's clamp shrinks a tiny gradient toward zero."""
+    from muon_offload import local_update
+    shape = (12, 20)
+    G = torch.randn(shape, generator=torch.Generator().manual_seed(5))
+
+    def ns(x, mode="scale_invariant"):
+        out = torch.empty(shape)
+        local_update("n", shape, {"momentum": "none", "eps_mode": mode, "scale": "none"},
+                     x.contiguous(), None, out)
+        return out
+
+    base = ns(G)
+    for c in (2.0 ** -100, 2.0 ** -40, 2.0 ** 60, 2.0 ** 100):
+        # c*G is then exactly c times G (no entry subnormal): the same matrix, scaled.
+        assert (G * c).abs().min() >= torch.finfo(torch.float32).tiny, c
+        assert torch.equal(ns(G * c), base), c
+    for c in (1e-30, 3.7e-9, 0.3, 7e5, 1e30):
+        assert torch.allclose(ns(G * c), base, rtol=0, atol=1e-5), c
+    # Entries near float's maximum: the norm (4e39) is beyond float's range.
+    big = G / G.abs().max() * 3e38
+    assert torch.isfinite(big).all()
+    assert torch.allclose(ns(big), base, rtol=0, atol=1e-5)
+    assert torch.equal(ns(torch.zeros(shape)), torch.zeros(shape))
+    # ||tiny|| ~ 1.5e-14 << eps = 1e-7: torch's clamp divides by eps, the 5 steps grow the
+    # result by at most 3.4445^5 ~ 490, so it comes out ~5e-5 of the true one's norm.
+    tiny = G * 1e-15
+    assert ns(tiny, "clamp").norm() < 1e-3 * base.norm()
+    assert torch.allclose(ns(tiny), base, rtol=0, atol=1e-5)
