@@ -30,8 +30,8 @@ void add_orthogonalize_command(CLI::App& app) {
       "orthogonalize",
       "U = extra_scale * scale_rule(r, c) * NewtonSchulz(G) for every matrix of a .npy file\n"
       "(float32 '<f4', C order, 2-D [r, c] or 3-D [b, r, c]); writes U with G's shape.\n"
-      "NS: X = G / (||G||_F + eps), transposed when r > c; each step A = X X^T,\n"
-      "B = b A + c A A, X = a X + B X, with (a, b, c) from the schedule.");
+      "NS: X = G / ||G||_F (see --eps-mode), transposed when r > c; each step A = X X^T,\n"
+      "B = b A + c A A, X = a X + B X, with (a, b, c) from the schedule or --coefficients.");
   sub->add_option("-i,--input", args->input, "Input .npy (G)")->required();
   sub->add_option("-o,--output", args->output, "Output .npy (U), replaced if present")->required();
   for (const OptionField& f : muon_option_fields()) {
@@ -39,7 +39,7 @@ void add_orthogonalize_command(CLI::App& app) {
     std::string doc(f.doc);
     if (f.name == "schedule") doc += ": " + schedule_names();
     auto* opt = sub->add_option(std::string(f.cli_flag), args->option_text[std::string(f.name)], doc);
-    if (f.type == OptionType::integer_list) {
+    if (f.type == OptionType::integer_list || f.type == OptionType::number_list) {
       opt->delimiter(',');
     } else {
       opt->expected(1)->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);

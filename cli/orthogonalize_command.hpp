@@ -14,9 +14,9 @@ class App;
 namespace muon::cli {
 
 /// The flags of `orthogonalize`, as typed. The Muon options' flags (one per orthogonalize field
-/// of kernels/muon_option_fields.hpp: --schedule, --steps, --eps, --eps-mode, --scale,
-/// --extra-scale, --split, --algorithm, --precision, --nonfinite) are read through that table
-/// when the command runs, so that a bad value is reported with the accepted names.
+/// of kernels/muon_option_fields.hpp: --schedule, --steps, --coefficients, --eps, --eps-mode,
+/// --scale, --extra-scale, --split, --algorithm, --precision, --nonfinite) are read through that
+/// table when the command runs, so that a bad value is reported with the accepted names.
 struct OrthogonalizeArgs {
   std::string input;   ///< .npy, float32 '<f4', C order, [r, c] or [b, r, c]
   std::string output;  ///< .npy written with the input's shape, '<f4'

@@ -7,9 +7,12 @@
  * Ranges are passed as flat int64 arrays [begin0, end0, begin1, end1, ...] of element indices
  * over the parameter's flattened elements. Options are a JSON object with the fields of
  * `muon-offload orthogonalize` plus momentum: {"momentum": "sum"|"ema"|"none", "mu": 0.95,
- * "nesterov": true, "schedule": "keller", "steps": 0, "eps": 1e-7, "eps_mode": "scale_invariant",
- * "scale": "keller", "extra_scale": 1.0, "row_splits": [], "algorithm": "plain",
- * "precision": "default", "nonfinite": "error"}; missing fields take these defaults. */
+ * "nesterov": true, "schedule": "keller", "steps": 0, "coefficients": [], "eps": 1e-7,
+ * "eps_mode": "scale_invariant", "scale": "keller", "extra_scale": 1.0, "row_splits": [],
+ * "algorithm": "plain", "precision": "default", "nonfinite": "error"}; missing fields take these
+ * defaults. "coefficients": [a, b, c] runs that quintic every step instead of "schedule"
+ * (torch.optim.Muon's ns_coefficients; "steps" 0 means 5). "precision": "torch_bf16" rounds
+ * where torch.optim.Muon's bf16 Newton-Schulz does (CPU servers; for parity checks). */
 #ifndef MUON_CLIENT_H_
 #define MUON_CLIENT_H_
 

@@ -73,7 +73,7 @@ NumericHealth measure_numeric_health(const float* update, const MatrixShape& sha
 }
 
 double default_health_threshold(const OrthogonalizeOptions& options) {
-  const auto coefficients = find_ns_schedule(options.schedule).coefficients(options.steps);
+  const auto coefficients = ns_coefficients(options);
   const auto [lo, hi] = ns_promised_band(coefficients, 1e-2);
   if (lo <= 0.0 && hi >= 0.0) return 1.0;
   return std::max(std::abs(lo * lo - 1.0), std::abs(hi * hi - 1.0));

@@ -62,7 +62,8 @@ bool same_options(const MuonOptions& a, const MuonOptions& b) {
   const auto &ma = a.momentum, &mb = b.momentum;
   const auto &oa = a.orthogonalize, &ob = b.orthogonalize;
   return ma.convention == mb.convention && same_bits(ma.mu, mb.mu) && ma.nesterov == mb.nesterov &&
-         oa.schedule == ob.schedule && oa.steps == ob.steps && same_bits(oa.eps, ob.eps) &&
+         oa.schedule == ob.schedule && oa.steps == ob.steps &&
+         oa.coefficients == ob.coefficients && same_bits(oa.eps, ob.eps) &&
          oa.eps_mode == ob.eps_mode && oa.scale_rule == ob.scale_rule &&
          same_bits(oa.extra_scale, ob.extra_scale) && oa.row_splits == ob.row_splits &&
          oa.algorithm == ob.algorithm && oa.precision == ob.precision &&

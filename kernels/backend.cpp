@@ -43,7 +43,7 @@ bool Backend::orthogonalize(std::string_view matrix_name, const MatrixShape& sha
     throw NonFiniteError("matrix '" + std::string(matrix_name) + "' " + shape.str() +
                          ": input holds NaN or Inf; step refused");
   }
-  const auto coefficients = find_ns_schedule(options.schedule).coefficients(options.steps);
+  const auto coefficients = ns_coefficients(options);
   const auto blocks = row_blocks(options, shape, matrix_name);
   const int64_t c = shape.cols, slice = shape.rows * shape.cols;
 

@@ -7,9 +7,34 @@
 #include <cstring>
 
 #include "core/error.hpp"
+#include "transport/bf16.hpp"
 
 namespace muon {
 namespace {
+
+// x as a bf16 tensor holds it: rounded to nearest even (torch's .to(torch.bfloat16)), in fp32.
+float round_to_bf16(float x) { return transport::bf16_to_f32(transport::f32_to_bf16(x)); }
+
+void narrow_to_bf16(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = round_to_bf16(x[i]);
+}
+
+// torch.optim.Muon's normalization on a bf16 tensor X (already narrowed): X.norm() accumulates
+// in fp32 and rounds to bf16; the guard per eps mode in bf16 (clamp(min=eps): eps as bf16;
+// add: the float sum rounded to bf16); 0 for an all-zero X.
+float torch_bf16_divisor(const float* x, int64_t n, float eps, EpsMode mode) {
+  const float norm = round_to_bf16(static_cast<float>(frobenius_norm(x, n)));
+  if (norm == 0.0f) return 0.0f;
+  switch (mode) {
+    case EpsMode::clamp:
+      return std::max(norm, round_to_bf16(eps));
+    case EpsMode::add:
+      return round_to_bf16(norm + eps);
+    case EpsMode::scale_invariant:
+      break;
+  }
+  return norm;
+}
 
 // Copy the upper triangle of a row-major m x m matrix onto its lower triangle. ssyrk writes one
 // triangle only; the full matrix then feeds sgemm.
@@ -39,12 +64,21 @@ void CpuBackend::newton_schulz_batch(float* x, int64_t count, int64_t rows, int6
                                      const OrthogonalizeOptions& options) {
   if (options.precision == Precision::bf16) {
     throw InvalidArgument(
-        "the CPU backend computes in fp32 only; bf16 products need --backend cuda");
+        "the CPU backend computes in fp32 (or torch_bf16, emulated); bf16 products need "
+        "--backend cuda");
   }
   const NsAlgorithm algo = options.algorithm;
   const int64_t size = rows * cols;
   for (int64_t i = 0; i < count; ++i) {
     float* xi = x + i * size;
+    if (options.precision == Precision::torch_bf16) {  // validate(): algorithm plain
+      narrow_to_bf16(xi, size);  // grad.to(torch.bfloat16)
+      const float denom = torch_bf16_divisor(xi, size, options.eps, options.eps_mode);
+      if (denom == 0.0f) continue;  // exact zeros stay zeros
+      for (int64_t j = 0; j < size; ++j) xi[j] = round_to_bf16(xi[j] / denom);  // bf16 div_
+      plain_or_syrk(xi, rows, cols, coefficients, false, true);
+      continue;
+    }
     const double denom =
         normalization_divisor(frobenius_norm(xi, size), options.eps, options.eps_mode);
     if (denom == 0.0) continue;  // exact zeros in, exact zeros out (never 0/0)
@@ -54,15 +88,17 @@ void CpuBackend::newton_schulz_batch(float* x, int64_t count, int64_t rows, int6
     if (algo == NsAlgorithm::gram) {
       gram(xi, rows, cols, coefficients);
     } else {
-      plain_or_syrk(xi, rows, cols, coefficients, algo == NsAlgorithm::syrk);
+      plain_or_syrk(xi, rows, cols, coefficients, algo == NsAlgorithm::syrk, false);
     }
   }
 }
 
 // Per step, X wide m x n row-major:  A = X X^T;  B = b A + c A A;  X <- a X + B X.
 // syrk: A = X X^T and A A = A A^T (A is symmetric) by ssyrk on the upper triangle.
+// narrow: each product's fp32 result rounded to bf16 (torch's bf16 matmul and addmm).
 void CpuBackend::plain_or_syrk(float* x, int64_t m, int64_t n,
-                               const std::vector<NsCoefficients>& coeffs, bool syrk) {
+                               const std::vector<NsCoefficients>& coeffs, bool syrk,
+                               bool narrow) {
   grow(a_, m * m);
   grow(b_, m * m);
   grow(x2_, m * n);
@@ -83,11 +119,14 @@ void CpuBackend::plain_or_syrk(float* x, int64_t m, int64_t n,
     } else {
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, M, N, 1.0f, cur, N, cur, N, 0.0f, A,
                   M);
+      if (narrow) narrow_to_bf16(A, m * m);
       std::memcpy(B, A, sizeof(float) * m * m);
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, M, M, c, A, M, A, M, b, B, M);
+      if (narrow) narrow_to_bf16(B, m * m);
     }
     std::memcpy(next, cur, sizeof(float) * m * n);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, M, 1.0f, B, M, cur, N, a, next, N);
+    if (narrow) narrow_to_bf16(next, m * n);
     std::swap(cur, next);
   }
   if (cur != x) std::memcpy(x, cur, sizeof(float) * m * n);

@@ -21,14 +21,15 @@ class CpuBackend final : public Backend {
   Precision default_precision() const override { return Precision::fp32; }
 
  protected:
-  /// Throws InvalidArgument for Precision::bf16 (bf16 products are CUDA-only).
+  /// Throws InvalidArgument for Precision::bf16 (bf16 products are CUDA-only);
+  /// Precision::torch_bf16 is emulated (fp32 GEMMs, every stored matrix rounded to bf16).
   void newton_schulz_batch(float* x, int64_t count, int64_t rows, int64_t cols,
                            const std::vector<NsCoefficients>& coefficients,
                            const OrthogonalizeOptions& options) override;
 
  private:
   void plain_or_syrk(float* x, int64_t m, int64_t n, const std::vector<NsCoefficients>& coeffs,
-                     bool syrk);
+                     bool syrk, bool narrow);
   void gram(float* x, int64_t m, int64_t n, const std::vector<NsCoefficients>& coeffs);
 
   // Workspace reused across calls (fresh pages are ~20x slower to write than warm ones).

@@ -69,7 +69,7 @@ class CudaBackend final : public Backend {
       throw DeviceError("CUDA Newton-Schulz produced NaN/Inf from finite input (batch " +
                         std::to_string(count) + " of " + std::to_string(rows) + "x" +
                         std::to_string(cols) + ", " +
-                        (precision == Precision::bf16 ? "bf16" : "fp32") + ")");
+                        std::string(precision_name(precision)) + ")");
     }
   }
 

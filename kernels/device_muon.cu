@@ -175,7 +175,7 @@ struct DeviceMuon::Impl {
   // the device. The update is zeroed when input_bad() is set.
   void orthogonalize(std::string_view name, const MatrixShape& shape, const float* in, float* out,
                      const OrthogonalizeOptions& options, cudaStream_t stream) {
-    const auto coefficients = find_ns_schedule(options.schedule).coefficients(options.steps);
+    const auto coefficients = ns_coefficients(options);
     const auto blocks = row_blocks(options, shape, name);
     const Precision precision =
         options.precision == Precision::backend_default ? Precision::bf16 : options.precision;

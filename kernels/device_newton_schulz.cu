@@ -421,6 +421,10 @@ void DeviceNewtonSchulz::run(float* x, int64_t count, int64_t rows, int64_t cols
     case Precision::fp32:
       impl_->run<float>(x, count, rows, cols, coefficients, options, stream, nonfinite);
       return;
+    case Precision::torch_bf16:
+      throw InvalidArgument(
+          "precision torch_bf16 (torch.optim.Muon's bf16 rounding points) is emulated by the CPU "
+          "backend only; on the GPU, bf16 (the default) rounds the same products");
     case Precision::backend_default:
       break;
   }

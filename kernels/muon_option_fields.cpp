@@ -80,6 +80,17 @@ std::vector<int64_t> read_integer_list(std::string_view field, const json& v) {
   return out;
 }
 
+std::vector<double> read_number_list(std::string_view field, const json& v) {
+  if (!v.is_array()) fail(field, "must be an array");
+  if (v.size() > 16) fail(field, "has more than 16 entries");
+  std::vector<double> out;
+  for (const auto& e : v) {
+    if (!e.is_number()) fail(field, "must hold numbers");
+    out.push_back(e.get<double>());
+  }
+  return out;
+}
+
 std::vector<std::string> schedule_names() {
   std::vector<std::string> out;
   for (const auto& s : ns_schedules()) out.push_back(s.name);
@@ -110,7 +121,14 @@ const OptionField kFields[] = {
      "Momentum coefficient, in [0, 1); a double, as the trainer gives it (the lerp weight 1 - mu "
      "is formed in double and rounded once, as torch does)",
      nullptr, [](const MuonOptions& o) { return json(o.momentum.mu); },
-     [](MuonOptions& o, const json& v) { o.momentum.mu = read_number("mu", v); }},
+     [](MuonOptions& o, const json& v) {
+       // A double, but within float's range: the kernels round it to float.
+       const double x = read_number("mu", v);
+       if (!(std::abs(x) <= std::numeric_limits<float>::max())) {
+         fail("mu", "= " + json(x).dump() + " is outside the range of a float");
+       }
+       o.momentum.mu = x;
+     }},
     {"nesterov", OptionGroup::momentum, OptionType::boolean, "",
      "Nesterov look-ahead input to Newton-Schulz (sum: G + mu*M; ema: lerp(G, M, mu))", nullptr,
      [](const MuonOptions& o) { return json(o.momentum.nesterov); },
@@ -125,6 +143,14 @@ const OptionField kFields[] = {
      [](MuonOptions& o, const json& v) {
        o.orthogonalize.steps = static_cast<int>(read_integer("steps", v, 0, 100));
      }},
+    {"coefficients", OptionGroup::orthogonalize, OptionType::number_list, "--coefficients",
+     "a,b,c: one quintic X <- aX + (bA + cA^2)X for every step instead of the schedule "
+     "(torch.optim.Muon's ns_coefficients; steps 0 means 5); empty: the schedule's",
+     nullptr, [](const MuonOptions& o) { return json(o.orthogonalize.coefficients); },
+     [](MuonOptions& o, const json& v) {
+       o.orthogonalize.coefficients = read_number_list("coefficients", v);
+     },
+     /*required=*/false},
     {"eps", OptionGroup::orthogonalize, OptionType::number, "--eps",
      "Guard of the Frobenius normalization (see eps_mode)", nullptr,
      [](const MuonOptions& o) { return json(o.orthogonalize.eps); },
@@ -167,7 +193,8 @@ const OptionField kFields[] = {
        o.orthogonalize.algorithm = read_name("algorithm", v, parse_ns_algorithm);
      }},
     {"precision", OptionGroup::orthogonalize, OptionType::string, "--precision",
-     "default (the backend's: fp32 on CPU, bf16 on CUDA), fp32, bf16 (CUDA only)",
+     "default (the backend's: fp32 on CPU, bf16 on CUDA), fp32, bf16 (CUDA only), torch_bf16 "
+     "(torch.optim.Muon's bf16 rounding points, CPU only, for parity checks)",
      precision_names,
      [](const MuonOptions& o) { return json(precision_name(o.orthogonalize.precision)); },
      [](MuonOptions& o, const json& v) {
@@ -198,6 +225,29 @@ int64_t parse_integer_text(std::string_view field, std::string_view text) {
   return v;
 }
 
+double parse_number_text(std::string_view field, std::string_view text) {
+  const std::string s(text);
+  char* end = nullptr;
+  const double x = std::strtod(s.c_str(), &end);
+  if (s.empty() || end != s.c_str() + s.size()) {
+    fail(field, "must be a number, got '" + s + "'");
+  }
+  return x;
+}
+
+// Comma-separated text as a JSON array, each part read by `parse`.
+template <class Parse>
+json list_from_text(std::string_view field, std::string_view text, Parse&& parse) {
+  json v = json::array();
+  size_t start = 0;
+  while (start <= text.size() && !text.empty()) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    v.push_back(parse(field, text.substr(start, comma - start)));
+    start = comma + 1;
+  }
+  return v;
+}
+
 }  // namespace
 
 std::string_view option_type_name(OptionType type) {
@@ -212,6 +262,8 @@ std::string_view option_type_name(OptionType type) {
       return "boolean";
     case OptionType::integer_list:
       return "integer_list";
+    case OptionType::number_list:
+      return "number_list";
   }
   return "?";
 }
@@ -246,7 +298,7 @@ MuonOptions options_from_json_object(const nlohmann::json& object, OptionKeys ke
   for (const auto& f : kFields) {
     const auto it = object.find(std::string(f.name));
     if (it == object.end()) {
-      if (keys == OptionKeys::all_required) {
+      if (keys == OptionKeys::all_required && f.required) {
         throw InvalidArgument("missing field '" + std::string(f.name) + "'");
       }
       continue;
@@ -265,16 +317,9 @@ void set_option_from_text(MuonOptions& options, const OptionField& field, std::s
     case OptionType::integer:
       v = parse_integer_text(field.name, text);
       break;
-    case OptionType::number: {
-      const std::string s(text);
-      char* end = nullptr;
-      const double x = std::strtod(s.c_str(), &end);
-      if (s.empty() || end != s.c_str() + s.size()) {
-        fail(field.name, "must be a number, got '" + s + "'");
-      }
-      v = x;
+    case OptionType::number:
+      v = parse_number_text(field.name, text);
       break;
-    }
     case OptionType::boolean:
       if (text == "true" || text == "1") {
         v = true;
@@ -284,16 +329,12 @@ void set_option_from_text(MuonOptions& options, const OptionField& field, std::s
         fail(field.name, "must be true or false, got '" + std::string(text) + "'");
       }
       break;
-    case OptionType::integer_list: {
-      v = json::array();
-      size_t start = 0;
-      while (start <= text.size() && !text.empty()) {
-        const size_t comma = std::min(text.find(',', start), text.size());
-        v.push_back(parse_integer_text(field.name, text.substr(start, comma - start)));
-        start = comma + 1;
-      }
+    case OptionType::integer_list:
+      v = list_from_text(field.name, text, parse_integer_text);
       break;
-    }
+    case OptionType::number_list:
+      v = list_from_text(field.name, text, parse_number_text);
+      break;
   }
   field.set(options, v);
 }

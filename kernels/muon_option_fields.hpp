@@ -16,9 +16,10 @@
 namespace muon {
 
 /// The JSON type of a field's value.
-enum class OptionType { string, integer, number, boolean, integer_list };
+enum class OptionType { string, integer, number, boolean, integer_list, number_list };
 
-/// "string", "integer", "number", "boolean" or "integer_list" (the schema's type names).
+/// "string", "integer", "number", "boolean", "integer_list" or "number_list" (the schema's type
+/// names).
 std::string_view option_type_name(OptionType type);
 
 /// Which part of MuonOptions a field belongs to.
@@ -39,10 +40,13 @@ struct OptionField {
   /// Sets the field from a JSON value; throws InvalidArgument "field '<name>' ..." naming what is
   /// wrong (type, range, unknown name with the list of known ones).
   void (*set)(MuonOptions& options, const nlohmann::json& value);
+  /// Whether the wire (OptionKeys::all_required) needs it; false for a field added later whose
+  /// absence means its default (coefficients: a peer that predates it runs the schedule).
+  bool required = true;
 };
 
-/// Every field, in the order of the documentation: momentum, mu, nesterov, schedule, steps, eps,
-/// eps_mode, scale, extra_scale, row_splits, algorithm, precision, nonfinite.
+/// Every field, in the order of the documentation: momentum, mu, nesterov, schedule, steps,
+/// coefficients, eps, eps_mode, scale, extra_scale, row_splits, algorithm, precision, nonfinite.
 std::span<const OptionField> muon_option_fields();
 
 /// The field called `name`, or nullptr.
@@ -53,7 +57,7 @@ nlohmann::json options_to_json_object(const MuonOptions& options);
 
 /// How options_from_json_object treats the keys of its object.
 enum class OptionKeys {
-  /// every field must be present; unknown keys are ignored (the wire, snapshots)
+  /// every required field must be present; unknown keys are ignored (the wire, snapshots)
   all_required,
   /// missing fields keep MuonOptions' defaults; an unknown key is refused (user input: the C
   /// ABI, configs)
@@ -66,8 +70,8 @@ enum class OptionKeys {
 MuonOptions options_from_json_object(const nlohmann::json& object, OptionKeys keys);
 
 /// Sets `field` from command-line text (CLI flags): strings as they are, integers and numbers
-/// parsed in full ("1e-7"), booleans "true"/"false"/"1"/"0", integer lists comma-separated
-/// ("1024,256,256"). Throws InvalidArgument naming the field.
+/// parsed in full ("1e-7"), booleans "true"/"false"/"1"/"0", integer and number lists comma-separated
+/// ("1024,256,256", "3.4445,-4.775,2.0315"). Throws InvalidArgument naming the field.
 void set_option_from_text(MuonOptions& options, const OptionField& field, std::string_view text);
 
 /// The default value of `field` as command-line text (what set_option_from_text reads back).

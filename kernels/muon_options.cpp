@@ -54,6 +54,23 @@ std::vector<int64_t> row_blocks(const OrthogonalizeOptions& options, const Matri
   return options.row_splits;
 }
 
+std::vector<NsCoefficients> ns_coefficients(const OrthogonalizeOptions& options) {
+  if (options.coefficients.empty()) {
+    return find_ns_schedule(options.schedule).coefficients(options.steps);
+  }
+  const auto& k = options.coefficients;
+  if (k.size() != 3 || !std::isfinite(k[0]) || !std::isfinite(k[1]) || !std::isfinite(k[2])) {
+    throw InvalidArgument("Newton-Schulz coefficients must be 3 finite numbers (a, b, c), got " +
+                          std::to_string(k.size()) + " value(s)");
+  }
+  const int steps = options.steps == 0 ? kFixedCoefficientSteps : options.steps;
+  if (steps < 1 || steps > 100) {
+    throw InvalidArgument("Newton-Schulz steps must lie in [1, 100], got " +
+                          std::to_string(steps));
+  }
+  return std::vector<NsCoefficients>(static_cast<size_t>(steps), NsCoefficients{k[0], k[1], k[2]});
+}
+
 void validate(const OrthogonalizeOptions& options, const MatrixShape& shape,
               std::string_view matrix_name) {
   const std::string who = "matrix '" + std::string(matrix_name) + "'";
@@ -61,9 +78,13 @@ void validate(const OrthogonalizeOptions& options, const MatrixShape& shape,
     throw InvalidArgument(who + ": empty shape " + shape.str());
   }
   try {
-    find_ns_schedule(options.schedule).coefficients(options.steps);
+    ns_coefficients(options);
   } catch (const InvalidArgument& e) {
     throw InvalidArgument(who + ": " + e.message());
+  }
+  if (options.precision == Precision::torch_bf16 && options.algorithm != NsAlgorithm::plain) {
+    throw InvalidArgument(who + ": precision torch_bf16 rounds torch's three products per step; "
+                                "it needs algorithm plain");
   }
   if (!(options.eps >= 0.0f) || !std::isfinite(options.eps)) {
     throw InvalidArgument(who + ": eps must be finite and >= 0");
@@ -99,7 +120,8 @@ constexpr Named<NsAlgorithm> kAlgorithms[] = {
     {"plain", NsAlgorithm::plain}, {"syrk", NsAlgorithm::syrk}, {"gram", NsAlgorithm::gram}};
 constexpr Named<Precision> kPrecisions[] = {{"default", Precision::backend_default},
                                             {"fp32", Precision::fp32},
-                                            {"bf16", Precision::bf16}};
+                                            {"bf16", Precision::bf16},
+                                            {"torch_bf16", Precision::torch_bf16}};
 constexpr Named<NonFinitePolicy> kNonFinite[] = {{"error", NonFinitePolicy::error},
                                                  {"skip", NonFinitePolicy::skip}};
 constexpr Named<MomentumConvention> kConventions[] = {{"sum", MomentumConvention::sum},

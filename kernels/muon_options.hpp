@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/elementwise.hpp"
+#include "kernels/ns_schedule.hpp"
 #include "kernels/scale_rule.hpp"
 
 namespace muon {
@@ -47,7 +48,14 @@ enum class NsAlgorithm { plain, syrk, gram };
 
 /// Inputs of the Newton-Schulz products. fp32 everywhere on the CPU; the CUDA backend rounds X to
 /// bf16 and accumulates in fp32 (`bf16`, its default) or stays in fp32.
-enum class Precision { backend_default, fp32, bf16 };
+///   torch_bf16  torch.optim.Muon's bfloat16 rounding points, for parity checks against it
+///               (torch/optim/_muon.py, `_zeropower_via_newtonschulz` on bf16 tensors): the input
+///               rounded to bf16, its Frobenius norm rounded to bf16 (and guarded per eps_mode
+///               in bf16), X / norm rounded to bf16, then each of A = X X^T, B = b A + c A A and
+///               X <- a X + B X accumulated in fp32 and rounded once to bf16, as torch's bf16
+///               matmul/addmm do on CPU and GPU. The CPU backend emulates it (fp32 GEMMs, each
+///               output narrowed); plain products only. Not on the CUDA backend.
+enum class Precision { backend_default, fp32, bf16, torch_bf16 };
 
 /// What to do with a gradient holding NaN or Inf:
 ///   error  refuse the step with NonFiniteError naming the matrix; momentum untouched (default).
@@ -57,7 +65,10 @@ enum class NonFinitePolicy { error, skip };
 /// Options of the orthogonalization U = extra_scale * scale_rule(r, c) * NS(X).
 struct OrthogonalizeOptions {
   std::string schedule = "keller";  ///< a name or alias from ns_schedules()
-  int steps = 0;                    ///< 0: the schedule's default
+  int steps = 0;                    ///< 0: the schedule's default (5 with `coefficients`)
+  /// Empty, or one quintic (a, b, c) used for every step instead of `schedule`
+  /// (torch.optim.Muon's ns_coefficients). See ns_coefficients().
+  std::vector<double> coefficients;
   float eps = 1e-7f;
   EpsMode eps_mode = EpsMode::scale_invariant;
   ScaleRule scale_rule = ScaleRule::keller;
@@ -104,8 +115,18 @@ MatrixShape matrix_shape_from_dims(std::span<const int64_t> dims, std::string_vi
 std::vector<int64_t> row_blocks(const OrthogonalizeOptions& options, const MatrixShape& shape,
                                 std::string_view matrix_name);
 
-/// Checks everything about options + shape that can be checked without data (schedule name and
-/// steps, eps, splits, extra_scale, mu). Throws InvalidArgument naming the matrix.
+/// Steps of fixed `coefficients` when `steps` is 0: torch.optim.Muon's ns_steps default.
+inline constexpr int kFixedCoefficientSteps = 5;
+
+/// The per-step coefficients `options` ask for: `coefficients` (a, b, c) repeated `steps` times
+/// (kFixedCoefficientSteps when 0), else the schedule's for `steps`. Throws InvalidArgument for an
+/// unknown schedule, steps out of the schedule's range or above 100, or coefficients that are
+/// not exactly 3 finite numbers.
+std::vector<NsCoefficients> ns_coefficients(const OrthogonalizeOptions& options);
+
+/// Checks everything about options + shape that can be checked without data (coefficients or
+/// schedule name and steps, eps, splits, extra_scale, precision torch_bf16 with plain products,
+/// mu). Throws InvalidArgument naming the matrix.
 void validate(const MuonOptions& options, const MatrixShape& shape, std::string_view matrix_name);
 void validate(const OrthogonalizeOptions& options, const MatrixShape& shape,
               std::string_view matrix_name);

@@ -61,17 +61,17 @@ TEST(CApiErrors, ClientFailuresSetTheirCodeAndSuccessClearsIt) {
 TEST(CApiErrors, OptionsSchemaNamesEveryFieldWithItsDefault) {
   const json schema = json::parse(muon_options_schema());
   ASSERT_TRUE(schema.is_array());
-  ASSERT_EQ(schema.size(), 13u);
+  ASSERT_EQ(schema.size(), 14u);
   std::vector<std::string> names;
   for (const auto& f : schema) names.push_back(f.at("name"));
   EXPECT_EQ(names, (std::vector<std::string>{"momentum", "mu", "nesterov", "schedule", "steps",
-                                             "eps", "eps_mode", "scale", "extra_scale",
+                                             "coefficients", "eps", "eps_mode", "scale", "extra_scale",
                                              "row_splits", "algorithm", "precision",
                                              "nonfinite"}));
   EXPECT_EQ(schema[0].at("default"), "sum");
   EXPECT_EQ(schema[2].at("default"), true);
   EXPECT_EQ(schema[3].at("default"), "keller");
   EXPECT_EQ(schema[4].at("type"), "integer");
-  EXPECT_EQ(schema[11].at("choices"), (json{"default", "fp32", "bf16"}));
+  EXPECT_EQ(schema[12].at("choices"), (json{"default", "fp32", "bf16", "torch_bf16"}));
   EXPECT_EQ(muon_options_schema(), muon_options_schema());  // one static string
 }

@@ -29,6 +29,7 @@ MuonOptions unusual() {
   o.momentum.nesterov = false;
   o.orthogonalize.schedule = "polar_express";
   o.orthogonalize.steps = 8;
+  o.orthogonalize.coefficients = {3.0, -4.5, 2.0};
   o.orthogonalize.eps = 1e-6f;
   o.orthogonalize.eps_mode = EpsMode::clamp;
   o.orthogonalize.scale_rule = ScaleRule::match_adamw;
@@ -55,7 +56,7 @@ std::string invalid_message(F&& f) {
 
 TEST(OptionFields, EveryFieldRoundTripsAndDiffersFromItsDefault) {
   const auto fields = muon_option_fields();
-  ASSERT_EQ(fields.size(), 13u);
+  ASSERT_EQ(fields.size(), 14u);
   const json def = options_to_json_object(MuonOptions{});
   const json odd = options_to_json_object(unusual());
   std::set<std::string> names;
@@ -79,6 +80,10 @@ TEST(OptionFields, TheWireRequiresEveryFieldAndIgnoresUnknownKeys) {
   json j = options_to_json_object(unusual());
   j["added_by_a_newer_peer"] = 1;
   EXPECT_EQ(options_from_json_object(j, OptionKeys::all_required).orthogonalize.steps, 8);
+  // coefficients came later: a peer without it runs the schedule.
+  j.erase("coefficients");
+  EXPECT_TRUE(
+      options_from_json_object(j, OptionKeys::all_required).orthogonalize.coefficients.empty());
   j.erase("eps_mode");
   EXPECT_EQ(invalid_message([&] { options_from_json_object(j, OptionKeys::all_required); }),
             "missing field 'eps_mode'");
@@ -103,7 +108,7 @@ TEST(OptionFields, BadValuesNameTheFieldAndWhatIsAccepted) {
     return [key, v] { options_from_json_object(json{{key, v}}, OptionKeys::overrides); };
   };
   EXPECT_EQ(invalid_message(with("mu", "high")), "field 'mu' must be a number");
-  EXPECT_EQ(invalid_message(with("eps", 1e39)), "field 'eps' = 1e+39 is outside the range of a float");
+  EXPECT_EQ(invalid_message(with("mu", 1e39)), "field 'mu' = 1e+39 is outside the range of a float");
   EXPECT_EQ(invalid_message(with("steps", 101)), "field 'steps' = 101 is outside [0, 100]");
   EXPECT_EQ(invalid_message(with("steps", 2.5)), "field 'steps' must be an integer");
   EXPECT_EQ(invalid_message(with("nesterov", 1)), "field 'nesterov' must be true or false");
@@ -128,6 +133,11 @@ TEST(OptionFields, CommandLineTextIsParsedInFull) {
   set_option_from_text(o, *find_option_field("row_splits"), "1024,256,256");
   set_option_from_text(o, *find_option_field("nesterov"), "false");
   set_option_from_text(o, *find_option_field("precision"), "fp32");
+  set_option_from_text(o, *find_option_field("coefficients"), "3.4445,-4.775,2.0315");
+  EXPECT_EQ(o.orthogonalize.coefficients, (std::vector<double>{3.4445, -4.775, 2.0315}));
+  EXPECT_EQ(invalid_message(
+                [&] { set_option_from_text(o, *find_option_field("coefficients"), "3,x,2"); }),
+            "field 'coefficients' must be a number, got 'x'");
   EXPECT_EQ(o.orthogonalize.steps, 7);
   EXPECT_EQ(o.orthogonalize.eps, 1e-9f);
   EXPECT_EQ(o.orthogonalize.row_splits, (std::vector<int64_t>{1024, 256, 256}));
@@ -141,7 +151,8 @@ TEST(OptionFields, CommandLineTextIsParsedInFull) {
             "field 'eps' must be a number, got '1e-9q'");
   for (const auto& f : muon_option_fields()) {  // the defaults' text reads back as the defaults
     MuonOptions d;
-    if (f.type != OptionType::integer_list) set_option_from_text(d, f, option_default_text(f));
+    if (f.type != OptionType::integer_list && f.type != OptionType::number_list)
+      set_option_from_text(d, f, option_default_text(f));
     EXPECT_EQ(f.get(d), f.get(MuonOptions{})) << f.name;
   }
 }
@@ -163,12 +174,15 @@ TEST(OptionFields, SchemaListsEveryFieldWithDefaultChoicesAndFlag) {
   EXPECT_EQ(schema[0].at("choices"), (json{"sum", "ema", "none"}));
   EXPECT_EQ(schema[0].at("cli_flag"), nullptr);
   EXPECT_EQ(schema[1].at("default").get<float>(), 0.95f);
-  const auto& scale = schema[7];
+  const auto& scale = schema[8];
   EXPECT_EQ(scale.at("name"), "scale");
   EXPECT_EQ(scale.at("choices"), (json{"keller", "match_adamw", "sqrt_max", "unit_rms", "none"}));
   EXPECT_EQ(scale.at("cli_flag"), "--scale");
-  EXPECT_EQ(schema[9].at("cli_flag"), "--split");
-  EXPECT_EQ(schema[9].at("type"), "integer_list");
+  EXPECT_EQ(schema[10].at("cli_flag"), "--split");
+  EXPECT_EQ(schema[10].at("type"), "integer_list");
+  EXPECT_EQ(schema[5].at("name"), "coefficients");
+  EXPECT_EQ(schema[5].at("type"), "number_list");
+  EXPECT_EQ(schema[5].at("default"), json::array());
   const auto schedules = schema[3].at("choices");
   EXPECT_NE(std::find(schedules.begin(), schedules.end(), "polar_express"), schedules.end());
 }

@@ -12,6 +12,7 @@
 #include "kernels/backend.hpp"
 #include "kernels/cpu_backend.hpp"
 #include "svd_oracle.hpp"
+#include "transport/bf16.hpp"
 
 using namespace muon;
 using namespace muon::testing;
@@ -375,4 +376,69 @@ TEST(CpuNewtonSchulz, ScaleInvariantNormalization) {
   for (int i = 0; i < n; ++i) x[i] = g[i] / max_abs * 3e38f;  // ||x|| ~ 4e39 > FLT_MAX
   backend->orthogonalize("g", {1, r, c}, x.data(), out.data(), o);
   for (int i = 0; i < n; ++i) ASSERT_NEAR(out[i], base[i], 1e-5f) << i;
+}
+
+TEST(CpuNewtonSchulz, FixedCoefficientsRunOneQuinticEveryStep) {
+  // torch.optim.Muon's ns_coefficients: Keller's triple as coefficients is the keller schedule
+  // bitwise; another triple (the convergent (2, -1.5, 0.5), p(1) = 1, p'(1) = 0) for 12 steps is
+  // that polynomial composed 12 times, as the SVD oracle says.
+  auto backend = make_backend("cpu");
+  const int r = 24, c = 40;
+  const auto g = matrix_with_spectrum(r, c, 0.2, 11);
+  std::vector<float> by_name(g.size()), fixed(g.size());
+  backend->orthogonalize("w", {1, r, c}, g.data(), by_name.data(), unscaled("keller"));
+  auto o = unscaled("this name is not used");
+  o.coefficients = {3.4445, -4.7750, 2.0315};
+  ASSERT_EQ(ns_coefficients(o).size(), 5u);  // steps 0: torch's ns_steps default
+  backend->orthogonalize("w", {1, r, c}, g.data(), fixed.data(), o);
+  EXPECT_TRUE(bitwise_equal(by_name.data(), fixed.data(), g.size()));
+
+  o.coefficients = {2.0, -1.5, 0.5};
+  o.steps = 12;
+  o.eps_mode = EpsMode::add;  // the oracle normalizes by ||G|| + eps
+  backend->orthogonalize("w", {1, r, c}, g.data(), fixed.data(), o);
+  const auto rep = compare_with_oracle(g.data(), fixed.data(), r, c, ns_coefficients(o), o.eps,
+                                       1e-3);
+  EXPECT_LT(rep.rel_error, 1e-4);
+  EXPECT_GT(rep.min_kept, 0.99);  // convergent: every direction near 1
+
+  for (const std::vector<double>& bad : std::vector<std::vector<double>>{
+           {1.0, 2.0}, {1.0, 2.0, 3.0, 4.0}, {1.0, std::nan(""), 3.0}}) {
+    o.coefficients = bad;
+    EXPECT_THROW(backend->orthogonalize("w", {1, r, c}, g.data(), fixed.data(), o),
+                 InvalidArgument);
+  }
+  o.coefficients = {2.0, -1.5, 0.5};
+  o.steps = 101;
+  EXPECT_THROW(ns_coefficients(o), InvalidArgument);
+}
+
+TEST(CpuNewtonSchulz, TorchBf16RoundsWhereTorchDoes) {
+  // Precision::torch_bf16 (parity with torch.optim.Muon's bf16 Newton-Schulz; the side by side
+  // against torch itself is client/python/tests/test_torch_muon.py): the result is a bf16 tensor
+  // (every value bf16-representable), within bf16's error of the fp32 result, deterministic, and
+  // refused with the products torch does not compute (syrk, gram).
+  auto backend = make_backend("cpu");
+  const int r = 20, c = 36, n = r * c;
+  const auto g = gaussian(n, 17);
+  std::vector<float> fp32(n), emulated(n), again(n);
+  auto o = unscaled("keller");
+  o.eps_mode = EpsMode::clamp;
+  backend->orthogonalize("w", {1, r, c}, g.data(), fp32.data(), o);
+  o.precision = Precision::torch_bf16;
+  backend->orthogonalize("w", {1, r, c}, g.data(), emulated.data(), o);
+  backend->orthogonalize("w", {1, r, c}, g.data(), again.data(), o);
+  EXPECT_TRUE(bitwise_equal(emulated.data(), again.data(), n));
+  double diff = 0, norm = 0;
+  for (int i = 0; i < n; ++i) {
+    ASSERT_EQ(transport::bf16_to_f32(transport::f32_to_bf16(emulated[i])), emulated[i]) << i;
+    diff += (emulated[i] - fp32[i]) * double(emulated[i] - fp32[i]);
+    norm += fp32[i] * double(fp32[i]);
+  }
+  // bf16 keeps 8 bits (relative step 2^-8 = 0.4 %); 5 steps of rounding stay within a few.
+  EXPECT_LT(std::sqrt(diff / norm), 2e-2);
+  EXPECT_GT(std::sqrt(diff / norm), 1e-4);  // and it did round
+  o.algorithm = NsAlgorithm::syrk;
+  EXPECT_THROW(backend->orthogonalize("w", {1, r, c}, g.data(), emulated.data(), o),
+               InvalidArgument);
 }

