@@ -129,7 +129,7 @@ step() {
 # The environment gpu_check.sh --prepare leaves (library path, build, client library).
 ENV="source /root/out/gpu_env.sh"
 # ctest's CPU tests of a build: those whose program the build has (it builds muon_gpu_check
-# only); the Python suite (python_client) runs with the venv's torch (MUON_OFFLOAD_PYTHON).
+# only); the Python suite (label python) runs with the venv's torch (MUON_OFFLOAD_PYTHON).
 cpu_ctest() {
   echo "names=\$(ctest --test-dir $1 --show-only=json-v1 | python3 -c 'import json, os, sys
 print(\"|\".join(\"^\" + t[\"name\"] + \"\$\" for t in json.load(sys.stdin)[\"tests\"]

@@ -11,102 +11,29 @@ The reference library, loaded only by :func:`~muon_offload.local_update` and ``I
   2. next to the client library (its folder, as the build and an install lay them out),
   3. ``<repo>/build/client/libmuon_offload_reference.so``.
 
-Every C function returns 0 or a negative ``MUON_ERR_*`` code; :func:`check` turns a code into the
-matching Python exception carrying ``muon_last_error()`` (the message names the server, parameter,
-step and rank involved). ctypes releases the GIL during each call, so pushes and waits do not block
-other Python threads.
+Every C function returns 0 or a negative ``MUON_ERR_*`` code; :func:`check` turns it into the
+exception of the failure's cause (``muon_last_error_code()``, an ErrorCode integer; the types are
+in :mod:`muon_offload.errors`) carrying ``muon_last_error()`` (the message names the server,
+parameter, step and rank involved). ctypes releases the GIL during each call, so pushes and waits
+do not block other Python threads.
 """
 from __future__ import annotations
 
 import ctypes
-import re
 import os
 import pathlib
 import threading
 
 __all__ = [
     "MuonOffloadError", "InvalidArgument", "ServerError", "ConnectionLost", "PeerLost",
-    "NonFiniteGradient", "Timeout", "DeviceError", "BackendUnavailable", "lib", "check",
-    "library_path", "has_cuda", "reference_lib", "reference_library_path", "check_reference",
-    "cuda_runtime",
+    "NonFiniteGradient", "StepMismatch", "Timeout", "DeviceError", "BackendUnavailable", "lib",
+    "check", "library_path", "has_cuda", "reference_lib", "reference_library_path",
+    "check_reference", "cuda_runtime",
 ]
 
-MUON_OK = 0
-MUON_ERR_INVALID = -1
-MUON_ERR_SERVER = -2
-MUON_ERR_CONNECTION = -3
-MUON_ERR_TIMEOUT = -4
-MUON_ERR_NONFINITE = -5
-MUON_ERR_PEER_LOST = -6
-MUON_ERR_INTERNAL = -7
-MUON_ERR_DEVICE = -8
-MUON_ERR_UNAVAILABLE = -9
-
-
-class MuonOffloadError(RuntimeError):
-    """Base of every error raised by muon_offload. ``code`` is the C ABI's MUON_ERR_* code."""
-
-    def __init__(self, message: str, code: int = MUON_ERR_INTERNAL):
-        super().__init__(message)
-        self.code = code
-
-
-class InvalidArgument(MuonOffloadError, ValueError):
-    """A bad argument: shape, name, range or option (MUON_ERR_INVALID)."""
-
-
-class ServerError(MuonOffloadError):
-    """The server refused or failed a request, e.g. it refused a parameter (MUON_ERR_SERVER).
-    ``server_code`` is the server's own code: "unauthorized" (a TCP hello without the token),
-    "unsupported" (a data plane the server cannot serve), "bad_request", ... ("" if unknown)."""
-
-    def __init__(self, message: str, code: int = MUON_ERR_INTERNAL):
-        super().__init__(message, code)
-        m = re.search(r"\(server error code: ([a-z_]+)\)", message)
-        self.server_code = m.group(1) if m else ""
-
-
-class ConnectionLost(MuonOffloadError, ConnectionError):
-    """The server is unreachable, or the connection to it was lost: the server died, was
-    stopped, or restarted (MUON_ERR_CONNECTION)."""
-
-
-class PeerLost(ServerError):
-    """Another compute rank of the job was lost mid-step; the message names it
-    (MUON_ERR_PEER_LOST)."""
-
-
-class NonFiniteGradient(ServerError):
-    """A gradient held NaN or Inf; the server refused the step of the named parameter and left
-    its momentum untouched (MUON_ERR_NONFINITE)."""
-
-
-class Timeout(MuonOffloadError, TimeoutError):
-    """A wait ran past its timeout, e.g. a rank never committed its gradient
-    (MUON_ERR_TIMEOUT)."""
-
-
-class DeviceError(MuonOffloadError):
-    """A CUDA call failed, e.g. no usable GPU ("CUDA driver version is insufficient")
-    (MUON_ERR_DEVICE)."""
-
-
-class BackendUnavailable(MuonOffloadError):
-    """Not available in this build, e.g. the device data plane in a library built without CUDA
-    (MUON_ERR_UNAVAILABLE)."""
-
-
-_ERRORS = {
-    MUON_ERR_INVALID: InvalidArgument,
-    MUON_ERR_SERVER: ServerError,
-    MUON_ERR_CONNECTION: ConnectionLost,
-    MUON_ERR_TIMEOUT: Timeout,
-    MUON_ERR_NONFINITE: NonFiniteGradient,
-    MUON_ERR_PEER_LOST: PeerLost,
-    MUON_ERR_INTERNAL: MuonOffloadError,
-    MUON_ERR_DEVICE: DeviceError,
-    MUON_ERR_UNAVAILABLE: BackendUnavailable,
-}
+from .errors import (MUON_ERR_UNAVAILABLE, BackendUnavailable, ConnectionLost, DeviceError,
+                     InvalidArgument, MuonOffloadError, NonFiniteGradient, PeerLost, ServerError,
+                     StepMismatch, Timeout, error_class)
 
 _LIB_NAME = "libmuon_offload_client.so"
 
@@ -147,6 +74,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     h = ctypes.c_void_p  # muon_client*
     sigs = {
         "muon_last_error": (cp, []),
+        "muon_last_error_code": (i, []),
+        "muon_error_code_name": (cp, [i]),
         "muon_client_create": (i, [ctypes.POINTER(cp), i, i, i, cp, i64, i64,
                                    ctypes.POINTER(ctypes.c_void_p)]),
         "muon_client_create_ex": (i, [ctypes.POINTER(cp), i, i, i, cp, i64, i64, cp,
@@ -248,8 +177,9 @@ def check_reference(rc: int, what: str = "") -> int:
     """:func:`check` for calls into the reference library (which keeps its own last error)."""
     if rc >= 0:
         return rc
-    msg = reference_lib().muon_reference_last_error().decode("utf-8", "replace")
-    raise _ERRORS.get(rc, MuonOffloadError)(f"{what}: {msg}" if what else msg, rc)
+    ref = reference_lib()
+    msg = ref.muon_reference_last_error().decode("utf-8", "replace")
+    _raise(rc, f"{what}: {msg}" if what else msg, int(ref.muon_reference_last_error_code()))
 
 
 def cuda_runtime() -> str:
@@ -274,13 +204,26 @@ def last_error() -> str:
 
 
 def check(rc: int, what: str = "") -> int:
-    """Returns rc when >= 0; raises the matching MuonOffloadError subclass otherwise."""
+    """Returns rc when >= 0; raises the exception of the failure's cause otherwise
+    (:func:`muon_offload.errors.error_class` of ``muon_last_error_code()``)."""
     if rc >= 0:
         return rc
+    loaded = lib()
     msg = last_error() or f"error code {rc}"
-    if what:
-        msg = f"{what}: {msg}"
-    raise _ERRORS.get(rc, MuonOffloadError)(msg, rc)
+    _raise(rc, f"{what}: {msg}" if what else msg, int(loaded.muon_last_error_code()))
+
+
+def _raise(rc: int, msg: str, cause: int):
+    """Raises the exception of C return code ``rc`` with cause ``cause`` (an ErrorCode integer,
+    named through the client library's muon_error_code_name)."""
+    name = ""
+    if cause:
+        try:
+            raw = lib().muon_error_code_name(cause)
+            name = raw.decode() if raw else ""
+        except MuonOffloadError:
+            pass  # no client library to name it: the return code decides
+    raise error_class(rc, name)(msg, rc, cause, name)
 
 
 def int64_array(values) -> "ctypes.Array":

@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 
 from .config import MuonConfig
-from .torch import OffloadMuon
+from .offload import OffloadMuon
 
 
 class Muon(OffloadMuon):

@@ -87,3 +87,80 @@ def run_pool(rank: int, world: int, init: str, sockets, single: str, outdir: str
             finish(outdir, variant, rank, model, opt, losses, sd)
     finally:
         dist.destroy_process_group()
+
+
+def run_ddp(rank: int, world: int, init: str, socket: str, outdir: str):
+    """One rank of the DDP test (test_ddp.py): OffloadMuon on the bare model (its own averaging)
+    and under DistributedDataParallel (default buckets, and one bucket per parameter), with and
+    without gradient accumulation (no_commit bare, no_sync under DDP). Counts the bytes every
+    torch.distributed.all_reduce of the DDP runs moved."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from muon_offload import OffloadMuon
+    from helpers import batch
+    kw = dict(lr=0.03, weight_decay=0.05, adamw_lr=2e-3)
+    reduced = []
+    plain_all_reduce = dist.all_reduce
+
+    def counting_all_reduce(tensor, *args, **kwargs):
+        reduced.append(tensor.numel() * tensor.element_size())
+        return plain_all_reduce(tensor, *args, **kwargs)
+
+    try:
+        for variant in ("bare", "ddp", "ddp_small_buckets", "bare_acc", "ddp_acc"):
+            model = TinyNet()
+            micro = 2 if variant.endswith("acc") else 1
+            if variant.startswith("ddp"):
+                cap = 1e-6 if variant == "ddp_small_buckets" else 25
+                wrapped = DDP(model, bucket_cap_mb=cap)
+                opt = OffloadMuon(model.named_parameters(), servers=[socket], ddp=wrapped,
+                                  prefix=variant + "/", **kw)
+            else:
+                wrapped = model
+                opt = OffloadMuon(model.named_parameters(), servers=[socket],
+                                  prefix=variant + "/", **kw)
+            reduced.clear()
+            dist.all_reduce = counting_all_reduce
+            losses = []
+            for s in range(4):
+                opt.zero_grad(set_to_none=True)
+                for m in range(micro):
+                    x, y = batch(s * micro + m, rank)
+                    last = m + 1 == micro
+                    if last:
+                        ctx = _Null()
+                    elif variant.startswith("ddp"):
+                        ctx = wrapped.no_sync()
+                    else:
+                        ctx = opt.no_commit()
+                    with ctx:
+                        loss = wrapped(x, y) / micro
+                        loss.backward()
+                    losses.append(loss.item())
+                opt.step()
+            dist.all_reduce = plain_all_reduce
+            hook = opt.ddp_hook_state
+            torch.save({"params": [p.detach().clone() for p in model.parameters()],
+                        "losses": losses, "reduced_bytes": sum(reduced),
+                        "hook": None if hook is None else
+                        {"allreduced": hook.allreduced_bytes, "pushed": hook.pushed_bytes},
+                        "adamw_bytes": sum(p.numel() * 4 for g in opt.param_groups
+                                           if not g["use_muon"] for p in g["params"]),
+                        "muon_bytes": sum(p.numel() * 4 for g in opt.param_groups
+                                          if g["use_muon"] for p in g["params"]),
+                        "muon_grads": [p.grad for g in opt.param_groups if g["use_muon"]
+                                       for p in g["params"]]},
+                       os.path.join(outdir, f"{variant}_{rank}.pt"))
+            opt.close()
+            dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+class _Null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False

@@ -121,7 +121,7 @@ PLAN = {
 
 def test_plan_gives_servers_sockets_and_owners(tmpdir_private, monkeypatch):
     import json
-    from muon_offload import torch as mt
+    from muon_offload import offload as mt
     daemon_dir = os.path.dirname(find_binary("muon-offloadd", "daemon"))
     bin_dir = os.path.dirname(daemon_dir) if daemon_dir.endswith("/daemon") else daemon_dir
     plan = tmpdir_private / "plan.json"
@@ -138,7 +138,7 @@ def test_plan_gives_servers_sockets_and_owners(tmpdir_private, monkeypatch):
     # OffloadMuon sends each parameter the plan names to its owner (index into the servers):
     # in this plan's one domain the relay is the owner.
     monkeypatch.setenv("NODE_RANK", "0")
-    assert mt._plan_targets(str(plan)) == {"fc1.weight": 1, "fc2.weight": 0,
+    assert mt.plan_targets(str(plan)) == {"fc1.weight": 1, "fc2.weight": 0,
                                            "not.in.this.model": 1}
     bad = dict(PLAN, nodes=[])
     plan.write_text(json.dumps(bad))

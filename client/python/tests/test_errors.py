@@ -8,7 +8,7 @@ import torch.nn as nn
 
 from helpers import TinyNet, batch, param_diff, same_params, train
 from muon_offload import (ConnectionLost, InvalidArgument, MuonOffloadError, NonFiniteGradient,
-                          ServerError)
+                          PeerLost, ServerError, StepMismatch, Timeout, errors)
 from muon_offload.torch import InProcessMuon, OffloadMuon
 
 KW = dict(lr=0.03, weight_decay=0.05, adamw_lr=2e-3)
@@ -26,6 +26,32 @@ def test_server_down(tmpdir_private):
         OffloadMuon(TinyNet().named_parameters(), servers=[sock], connect_timeout_s=0.3)
     assert sock in str(e.value) and "muon-offloadd" in str(e.value)
     assert "muon-offload health" in str(e.value)
+    # The cause as a code (core/error_code.hpp's stable integer), kept through the added advice.
+    assert (e.value.error_name, e.value.error_code) == ("connection_lost", 16)
+
+
+def test_every_cause_of_the_library_has_its_exception_type():
+    """The library's ErrorCode table (muon_error_code_name 0, 1, ... until NULL) maps onto the
+    exception types by cause, not by message: the server's causes are ServerError (or a more
+    specific subclass), the client's own are theirs."""
+    from muon_offload import _native
+    lib = _native.lib()
+    names = []
+    while (raw := lib.muon_error_code_name(len(names))) is not None:
+        names.append(raw.decode())
+    assert names[:8] == ["none", "bad_request", "protocol", "unsupported", "unauthorized",
+                         "peer_lost", "timeout", "non_finite"]
+    assert names.index("step_mismatch") == 14 and names.index("internal") == 20
+    want = {"invalid_argument": InvalidArgument, "peer_lost": PeerLost, "timeout": Timeout,
+            "non_finite": NonFiniteGradient, "step_mismatch": StepMismatch,
+            "connection_lost": ConnectionLost, "device": errors.DeviceError,
+            "unavailable": errors.BackendUnavailable, "internal": MuonOffloadError}
+    for name in names[1:]:
+        got = errors.error_class(errors.MUON_ERR_SERVER, name)
+        assert got is want.get(name, ServerError), (name, got)
+    # A cause this package does not know (a newer server) falls back on the return code.
+    assert errors.error_class(errors.MUON_ERR_TIMEOUT, "") is Timeout
+    assert errors.error_class(errors.MUON_ERR_SERVER, "from_a_newer_server") is ServerError
 
 
 def test_no_server_configured(monkeypatch):
@@ -103,6 +129,7 @@ def test_refused_parameters_are_named(server):
     with pytest.raises(ServerError) as e:
         OffloadMuon([("blocks.0.x", nn.Parameter(torch.randn(6, 8)))], servers=[server.socket])
     assert "blocks.0.x" in str(e.value)
+    assert (e.value.error_name, e.value.error_code) == ("bad_request", 1)
     with pytest.raises(InvalidArgument, match="mode"):
         OffloadMuon([("w", w)], servers=[server.socket], mode="ring")
 
@@ -117,8 +144,9 @@ def test_nonfinite_gradient_is_refused_then_training_goes_on(server):
         p.grad = torch.full_like(p, 0.01)
     m.fc1.weight.grad = torch.full_like(m.fc1.weight, float("nan"))
     fc1, fc2 = m.fc1.weight.detach().clone(), m.fc2.weight.detach().clone()
-    with pytest.raises(NonFiniteGradient, match="fc1.weight"):
+    with pytest.raises(NonFiniteGradient, match="fc1.weight") as e:
         opt.step()
+    assert (e.value.error_name, e.value.error_code) == ("non_finite", 7)
     assert torch.equal(m.fc1.weight, fc1)           # refused: not updated
     assert not torch.equal(m.fc2.weight, fc2)       # the others were
     train(m, opt, 2, start=2)                       # the step was consumed; training goes on

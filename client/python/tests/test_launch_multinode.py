@@ -76,7 +76,7 @@ def test_plan_across_hosts_needs_a_token(tmpdir_private):
 
 
 def test_plan_across_hosts_lists_every_server_and_listens_on_tcp(tmpdir_private, monkeypatch):
-    from muon_offload import torch as mt
+    from muon_offload import offload as mt
     plan = tmpdir_private / "plan.json"
     plan.write_text(json.dumps(plan_two_nodes()))
     token = tmpdir_private / "token"
@@ -106,7 +106,7 @@ def test_plan_across_hosts_lists_every_server_and_listens_on_tcp(tmpdir_private,
     # Owners index every server of the plan (global scope), not just this node's.
     monkeypatch.setenv("NODE_RANK", "0")
     monkeypatch.setenv("MUON_OFFLOAD_SERVERS_SCOPE", "global")
-    assert mt._plan_targets(str(plan)) == {"fc1.weight": 1, "fc2.weight": 0}
+    assert mt.plan_targets(str(plan)) == {"fc1.weight": 1, "fc2.weight": 0}
 
 
 def test_plan_across_hosts_refuses_ports_out_of_range_and_malformed_plans(tmpdir_private):

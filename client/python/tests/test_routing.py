@@ -147,7 +147,7 @@ OWNERS = {"fc1.weight": 0, "fc2.weight": 1, "experts": 0}
 
 @pytest.mark.parametrize("scope", ["global", None])
 def test_plan_relays_route_each_rank_to_its_domains_server(tmp_path, monkeypatch, scope):
-    from muon_offload.torch import _plan_targets
+    from muon_offload.offload import plan_targets as _plan_targets
     if scope:
         monkeypatch.setenv("MUON_OFFLOAD_SERVERS_SCOPE", scope)
     else:
@@ -171,7 +171,7 @@ def test_plan_relays_route_each_rank_to_its_domains_server(tmp_path, monkeypatch
 def test_plan_relays_map_to_node_local_indices(tmp_path, monkeypatch):
     """On one host the servers are this node's in the plan's node order: a relay's id is mapped
     to its index there like an owner's."""
-    from muon_offload.torch import _plan_targets
+    from muon_offload.offload import plan_targets as _plan_targets
     monkeypatch.delenv("MUON_OFFLOAD_SERVERS_SCOPE", raising=False)
     monkeypatch.setenv("NODE_RANK", "0")
     path = tmp_path / "plan.json"

@@ -1,0 +1,312 @@
+"""What :class:`~muon_offload.offload.OffloadMuon` and :class:`~muon_offload.in_process.InProcessMuon`
+share: :class:`MuonOptimizerBase`, a torch.optim.Optimizer whose param groups are split into
+Muon groups (torch.optim.Muon's keys, computed by a subclass) and AdamW groups (updated by an
+inner ``torch.optim.AdamW``: its foreach or fused path as torch picks, its state in this
+optimizer's state_dict exactly as torch.optim.AdamW keeps it), the apply rule of torch.optim.Muon,
+data-parallel averaging without DDP, checkpoint checks and timing."""
+from __future__ import annotations
+
+import contextlib
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+
+from ._native import InvalidArgument, NonFiniteGradient
+from .config import MuonConfig
+from .muon_param import MuonParam
+from .routing import Router, matrix_shape
+
+__all__ = ["MuonOptimizerBase", "muon_config"]
+
+
+def muon_config(config: Optional[MuonConfig], args: Sequence, keywords: dict,
+                where: str) -> MuonConfig:
+    """The MuonConfig of an optimizer's ``*muon_args, **muon_keywords`` (positional in
+    torch.optim.Muon's order, MuonConfig.KEYWORDS), on top of ``config`` when given. TypeError
+    for too many positional arguments, one given twice, or an unknown keyword."""
+    if len(args) > len(MuonConfig.KEYWORDS):
+        raise TypeError(f"{where} takes at most {len(MuonConfig.KEYWORDS)} positional Muon "
+                        f"arguments ({', '.join(MuonConfig.KEYWORDS)}), got {len(args)}")
+    given = dict(zip(MuonConfig.KEYWORDS, args))
+    twice = sorted(set(given) & set(keywords))
+    if twice:
+        raise TypeError(f"{where} got multiple values for {twice}")
+    given.update(keywords)
+    if config is None:
+        return MuonConfig.from_keywords(given, where)
+    if not given:
+        return config
+    MuonConfig.from_keywords(given, where)  # names checked
+    return config.replace(**given)
+
+
+class MuonOptimizerBase(torch.optim.Optimizer):
+    """The shared part (see the module docstring). Subclasses compute the Muon updates
+    (``_register`` for new Muon parameters, ``step``, ``momentum_buffer``).
+
+    Group layout: every user group becomes a Muon group (``use_muon=True``, torch.optim.Muon's
+    keys ``lr``, ``weight_decay``, ``momentum``, ``nesterov``, ``ns_coefficients``, ``eps``,
+    ``ns_steps``, ``adjust_lr_fn``, plus ``param_names`` and ``flatten``) and an AdamW group
+    (``use_muon=False``, torch.optim.AdamW's keys, ``param_names``), empty ones left out.
+    ``state[p]`` of an AdamW parameter is torch.optim.AdamW's (``step``, ``exp_avg``,
+    ``exp_avg_sq``); of a Muon parameter ``step`` (int, the next step) and the subclass's.
+    """
+
+    def __init__(self, params, *, config: MuonConfig, adamw_lr, adamw_betas, adamw_eps,
+                 adamw_weight_decay, names, route, mode, process_group, prefix):
+        if mode not in ("server_reduce", "shard"):
+            raise InvalidArgument(f"mode must be 'server_reduce' or 'shard', got {mode!r}")
+        if adamw_lr < 0:
+            raise InvalidArgument("learning rates must be >= 0")
+        self.mode = mode
+        self.config = config
+        self._row_splits = dict(config.row_splits or {})
+        self._prefix = prefix
+        self._adamw_defaults = {"lr": adamw_lr, "betas": tuple(adamw_betas), "eps": adamw_eps,
+                                "weight_decay": (config.weight_decay if adamw_weight_decay is None
+                                                 else adamw_weight_decay)}
+        self._router = Router(names, route, self._adamw_defaults)
+        if process_group is None and dist.is_available() and dist.is_initialized():
+            process_group = dist.group.WORLD
+        self._pg = process_group
+        self.world_size = dist.get_world_size(process_group) if process_group is not None else 1
+        self.rank = dist.get_rank(process_group) if process_group is not None else 0
+        self._meta: Dict[torch.Tensor, MuonParam] = {}
+        self._muon_params: List[torch.Tensor] = []
+        self._adamw: Optional[torch.optim.AdamW] = None
+        self._ddp = None  # the DistributedDataParallel module attach_ddp() was given
+        self._ready = False
+        self._no_commit_depth = 0
+        self.last_step_seconds = 0.0
+        self.last_hook_seconds = 0.0
+        self._hook_seconds = 0.0
+        # A Muon group's keys are torch.optim.Muon's (its state_dict layout).
+        defaults = {k: getattr(config, k) for k in MuonConfig.KEYWORDS}
+        super().__init__(self._parse(params), defaults)
+        self._ready = True
+
+    # -- parameters and groups --------------------------------------------------------------
+    @staticmethod
+    def _parse(params) -> List[dict]:
+        if isinstance(params, torch.Tensor):
+            raise TypeError("params must be an iterable of tensors, (name, tensor) pairs or "
+                            "dicts, not a tensor")
+        items = list(params)
+        if not items:
+            raise InvalidArgument("optimizer got an empty parameter list")
+        if all(isinstance(g, dict) for g in items):
+            return items
+        return [{"params": items}]
+
+    def add_param_group(self, param_group: dict) -> None:
+        """Splits a user group into a Muon group and an AdamW group (:class:`Router`), with the
+        user group's ``lr``/``weight_decay``/... for Muon and ``adamw_lr``/``adamw_betas``/
+        ``adamw_eps``/``adamw_weight_decay`` (else the optimizer's) for AdamW. A group that
+        sets ``use_muon`` and ``param_names`` itself is taken as is."""
+        if "use_muon" in param_group and "param_names" in param_group:
+            self._add_split_group(param_group)
+            return
+        for group in self._router.split(param_group):
+            self._add_split_group(group)
+
+    def _add_split_group(self, group: dict) -> None:
+        if not group["use_muon"]:
+            self._add_adamw_group(group)
+            return
+        super().add_param_group(group)
+        flatten = group.get("flatten") or [False] * len(group["params"])
+        # The group's own torch.optim.Muon keywords (a group may set momentum, ns_steps...).
+        cfg = self.config.replace(**{k: group[k] for k in MuonConfig.KEYWORDS
+                                     if k != "ns_coefficients"},
+                                  ns_coefficients=tuple(group["ns_coefficients"]))
+        new = []
+        for p, name, flat in zip(group["params"], group["param_names"], flatten):
+            shape = matrix_shape(p, flat)
+            opts = cfg.server_options()
+            blocks = [shape[-2]]
+            if name in self._row_splits:
+                blocks = [int(x) for x in self._row_splits[name]]
+                opts["row_splits"] = blocks
+            self._meta[p] = MuonParam(self._prefix + name, shape, opts, blocks)
+            self._muon_params.append(p)
+            new.append(p)
+        if self._ready:
+            self._register(new)
+
+    def _add_adamw_group(self, group: dict) -> None:
+        """torch.optim.AdamW's checks and defaults fill the group (the same dict object then
+        sits in both optimizers' param_groups, so LR schedulers and load_state_dict see one)."""
+        mine = {p for g in self.param_groups for p in g["params"]}
+        if not mine.isdisjoint(group["params"]):
+            raise ValueError("some parameters appear in more than one parameter group")
+        if self._adamw is None:
+            self._adamw = torch.optim.AdamW([group], **self._adamw_defaults)
+            self._adamw.state = self.state
+        else:
+            self._adamw.add_param_group(group)
+        self.param_groups.append(group)
+
+    def _relink_adamw(self) -> None:
+        """After load_state_dict replaced the groups and the state: the inner AdamW takes the new
+        AdamW groups and this state (AdamW's __setstate__ fills keys an older checkpoint lacks
+        and makes an integer ``step`` a tensor)."""
+        if self._adamw is not None:
+            self._adamw.__setstate__({"state": self.state, "param_groups": [
+                g for g in self.param_groups if not g["use_muon"]]})
+            self._adamw.state = self.state
+
+    @property
+    def routing(self) -> Dict[str, Tuple[str, Optional[Tuple[int, ...]]]]:
+        """name -> ("muon", matrix shape as the server sees it) or ("adamw", None)."""
+        out = {}
+        for g in self.param_groups:
+            for p, n in zip(g["params"], g["param_names"]):
+                out[n] = ("muon", self._meta[p].shape) if g["use_muon"] else ("adamw", None)
+        return out
+
+    def _register(self, params: Sequence[torch.Tensor]) -> None:
+        pass
+
+    def _muon_items(self):
+        for g in self.param_groups:
+            if g["use_muon"]:
+                for p in g["params"]:
+                    yield g, p
+
+    # -- DistributedDataParallel --------------------------------------------------------------
+    def attach_ddp(self, ddp_model) -> None:
+        """Trains under ``ddp_model`` (a DistributedDataParallel over this optimizer's model):
+        DDP then averages the AdamW gradients (step() does not), and the subclass decides what
+        happens to the Muon gradients. Call once, before the first backward."""
+        from torch.nn.parallel import DistributedDataParallel
+        if not isinstance(ddp_model, DistributedDataParallel):
+            raise InvalidArgument(f"attach_ddp() needs a DistributedDataParallel module, got "
+                                  f"{type(ddp_model).__name__}")
+        if self._ddp is not None:
+            raise InvalidArgument("attach_ddp(): a DistributedDataParallel is attached already")
+        mine = set(self._muon_params) | {p for g in self.param_groups for p in g["params"]}
+        theirs = [p for p in ddp_model.parameters() if p.requires_grad]
+        if not set(theirs) <= mine:
+            raise InvalidArgument("attach_ddp(): the DistributedDataParallel module has "
+                                  "parameters this optimizer does not hold")
+        self._ddp = ddp_model
+
+    # -- shared math ---------------------------------------------------------------------
+    def _average_(self, tensors: List[torch.Tensor]) -> None:
+        """Data-parallel mean of local gradients, in place: each rank divides by the world size,
+        then one all-reduce (sum) over the flattened tensors. With 2 ranks this is bitwise the
+        server's contributor-order sum of grad/world (a two-term float sum is commutative), and
+        DDP's own mean."""
+        if self.world_size == 1 or not tensors:
+            return
+        flat = torch.cat([t.reshape(-1).to(torch.float32) for t in tensors])
+        flat.div_(self.world_size)
+        dist.all_reduce(flat, group=self._pg)
+        pos = 0
+        for t in tensors:
+            t.copy_(flat[pos:pos + t.numel()].view(t.shape))
+            pos += t.numel()
+
+    def _adamw_step(self) -> None:
+        """torch.optim.AdamW on the AdamW groups; their gradients averaged first unless DDP did
+        (attach_ddp)."""
+        if self._adamw is None:
+            return
+        if self._ddp is None:
+            self._average_([p.grad for g in self._adamw.param_groups for p in g["params"]
+                            if p.grad is not None])
+        self._adamw.step()
+
+    def _apply(self, p: torch.Tensor, update: torch.Tensor, group: dict) -> None:
+        """torch.optim.Muon's two in-place ops: W <- W*(1 - lr*wd), then W <- W - adjusted_lr*U
+        with adjusted_lr = lr * adjust_lr(block shape) per row block (MuonConfig.lr_factor of
+        the group's adjust_lr_fn; 1 when the server applied a ``scale``)."""
+        lr, wd = group["lr"], group["weight_decay"]
+        cfg = self.config
+        if group.get("adjust_lr_fn") != cfg.adjust_lr_fn:
+            cfg = cfg.replace(adjust_lr_fn=group.get("adjust_lr_fn"))
+        m = self._meta[p]
+        p.mul_(1 - lr * wd)
+        u = update.to(device=p.device, dtype=p.dtype)
+        cols = m.shape[-1]
+        if len(m.blocks) == 1:
+            p.add_(u.view(p.shape), alpha=-(lr * cfg.lr_factor(m.blocks[0], cols)))
+            return
+        u, w = u.view(m.shape), p.view(m.shape)
+        r0 = 0
+        for rows in m.blocks:
+            w[..., r0:r0 + rows, :].add_(u[..., r0:r0 + rows, :],
+                                        alpha=-(lr * cfg.lr_factor(rows, cols)))
+            r0 += rows
+
+    @staticmethod
+    def _raise_nonfinite(errors: List[NonFiniteGradient]) -> None:
+        """The step's non-finite gradients as one error (their parameters were not updated)."""
+        if errors:
+            raise errors[0].with_message("; ".join(str(e) for e in errors) +
+                                         " (these parameters were not updated this step)")
+
+    # -- checkpoints ------------------------------------------------------------------------
+    # Keys a Muon group's server registration fixed: a checkpoint must agree on them.
+    _FIXED_KEYS = ("momentum", "nesterov", "ns_coefficients", "eps", "ns_steps")
+
+    def load_state_dict(self, state_dict):
+        """torch's load_state_dict, accepting torch.optim.Muon's layout too (no ``step``: taken
+        as 1) and keeping this optimizer's own group keys (use_muon, param_names, flatten).
+        Raises InvalidArgument when a Muon group of the checkpoint has another momentum,
+        nesterov, ns_coefficients, eps or ns_steps than this optimizer registered."""
+        for mine, saved in zip(self.param_groups, state_dict.get("param_groups", [])):
+            if not mine["use_muon"]:
+                continue
+            for k in self._FIXED_KEYS:
+                a, b = mine.get(k), saved.get(k, mine.get(k))
+                if k == "ns_coefficients":
+                    a, b = tuple(map(float, a)), tuple(map(float, b))
+                if a != b:
+                    raise InvalidArgument(
+                        f"checkpoint group has {k}={b!r}, this optimizer registered {k}={a!r} "
+                        "with its server: construct the optimizer with the checkpoint's value")
+        private = [{k: g[k] for k in ("use_muon", "param_names", "flatten") if k in g}
+                   for g in self.param_groups]
+        super().load_state_dict(state_dict)
+        for g, keys in zip(self.param_groups, private):
+            for k, v in keys.items():
+                g.setdefault(k, v)
+        self._relink_adamw()
+        for _, p in self._muon_items():
+            st = self.state.get(p)
+            if st and "momentum_buffer" in st and "step" not in st:
+                st["step"] = 1
+
+    def momentum_buffer(self, p: torch.Tensor) -> torch.Tensor:
+        """The momentum of Muon parameter ``p`` (fp32, CPU, the matrix shape the server sees:
+        ``p``'s own for 2-D), as its last step left it; zeros before the first step."""
+        raise NotImplementedError
+
+    # -- timing and accumulation ----------------------------------------------------------------
+    @property
+    def exposed_seconds(self) -> float:
+        """Optimizer time the trainer waited for in the last step: time inside step() plus time
+        spent in the gradient hooks during the backward before it."""
+        return self.last_step_seconds + self.last_hook_seconds
+
+    @contextlib.contextmanager
+    def no_commit(self):
+        """Gradient accumulation: inside this context, backward passes push their gradients (they
+        accumulate on the server) but do not commit them; the micro-batch after the context (or
+        step()) commits. Use it for all but the last micro-batch::
+
+            for i, mb in enumerate(micro_batches):
+                ctx = opt.no_commit() if i + 1 < len(micro_batches) else contextlib.nullcontext()
+                with ctx:
+                    loss_fn(model(mb)).backward()
+            opt.step()
+
+        Under DistributedDataParallel use its ``no_sync()`` instead (gradients accumulate in
+        ``.grad`` and go to the server once, with the last micro-batch's buckets)."""
+        self._no_commit_depth += 1
+        try:
+            yield self
+        finally:
+            self._no_commit_depth -= 1

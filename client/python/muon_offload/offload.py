@@ -1,0 +1,617 @@
+"""Muon for PyTorch with the optimizer math in muon-offloadd servers: :class:`OffloadMuon`.
+
+The Muon math is :class:`muon_offload.config.MuonConfig`'s, torch.optim.Muon's by default (Muon:
+Keller Jordan, "Muon: An optimizer for hidden layers in neural networks", 2024,
+https://kellerjordan.github.io/posts/muon/), per matrix parameter W of shape (r, c) with
+gradient G:
+
+    M <- lerp(M, G, 1-mu)                (momentum_convention "ema"; "sum": M <- mu*M + G)
+    X  = lerp(G, M, mu) (Nesterov) or M  ("sum": G + mu*M)
+    U  = NS(X)                           Newton-Schulz, ns_coefficients x ns_steps, on
+                                         X/||X||_F (eps_mode; the server computes it)
+    W <- W*(1 - lr*wd)                   (on the trainer: lr and wd may follow a scheduler)
+    W <- W - lr*adjust_lr(r, c)*U        (adjust_lr_fn, torch's; or a server-side ``scale``)
+
+Everything else — embeddings, the output head, norms, biases — is updated by torch.optim.AdamW.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import warnings
+import weakref
+from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+
+from . import _native
+from . import plan as plan_reader
+from .base import MuonOptimizerBase, muon_config
+from .client import Client
+from .config import MuonConfig
+from ._native import ConnectionLost, InvalidArgument, MuonOffloadError, NonFiniteGradient
+from .muon_param import MuonParam, row_shard
+
+__all__ = ["OffloadMuon"]
+
+_TORCH_DTYPE = {"f32": torch.float32, "bf16": torch.bfloat16}
+
+
+def plan_rank(process_group=None) -> int:
+    """This process's rank among a plan's compute ranks: its torch.distributed (global) rank
+    when a process group is in use, else environment ``RANK`` (torchrun), else 0."""
+    if process_group is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    try:
+        return int(os.environ.get("RANK") or 0)
+    except ValueError:
+        raise InvalidArgument(f"environment RANK={os.environ['RANK']!r} is not an "
+                              "integer") from None
+
+
+def plan_targets(path: Optional[str], rank: int = 0) -> Dict[str, int]:
+    """The server index (into MUON_OFFLOAD_SERVERS) ``rank`` pushes each parameter of the plan at
+    ``path`` to (:func:`muon_offload.plan.targets`; ``MUON_OFFLOAD_SERVERS_SCOPE=global`` for a
+    plan spanning hosts); {} without a plan. Raises ValueError (PlanError) for a bad plan."""
+    if not path:
+        return {}
+    return plan_reader.targets(plan_reader.read(path), rank,
+                               os.environ.get("MUON_OFFLOAD_SERVERS_SCOPE") == "global")
+
+
+class OffloadMuon(MuonOptimizerBase):
+    """Muon with momentum and Newton-Schulz in muon-offloadd servers; a torch.optim.Optimizer.
+
+    Args:
+        params_or_groups: tensors, ``(name, tensor)`` pairs (``model.named_parameters()``), or
+            param-group dicts of either. Names drive the routing (see
+            :func:`~muon_offload.routing.default_route`); without names pass ``names=model`` (or
+            a ``{name: tensor}`` mapping).
+        *muon_args, **muon_keywords: the Muon math, the fields of one
+            :class:`~muon_offload.config.MuonConfig` (or ``config=MuonConfig(...)``):
+            torch.optim.Muon's ``lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True,
+            ns_coefficients=(3.4445, -4.7750, 2.0315), eps=1e-7, ns_steps=5,
+            adjust_lr_fn=None`` with torch's defaults and meaning (positionally in that order),
+            and the keyword-only ``momentum_convention``, ``eps_mode``, ``schedule``,
+            ``scale``, ``extra_scale``, ``row_splits``, ``precision``. ``W <- W*(1 - lr*wd)``,
+            then ``W <- W - lr*adjust_lr(r, c)*U`` as torch.optim.Muon; lr and weight_decay may
+            change between steps (LR schedulers); momentum, nesterov and the Newton-Schulz
+            keywords are fixed at registration. ``row_splits={name: [q, k, v]}`` orthogonalizes
+            row blocks of a fused QKV separately (each block with its own adjust_lr factor).
+        adamw_lr, adamw_betas, adamw_eps, adamw_weight_decay: torch.optim.AdamW's for
+            embeddings, the output head, norms and biases (weight decay defaults to
+            ``weight_decay``); a group may set ``adamw_lr`` etc. for its own AdamW part.
+        servers: the job's servers: Unix socket paths or ``tcp://HOST:PORT`` (list or
+            comma-separated string); default: environment ``MUON_OFFLOAD_SERVERS`` (set by
+            scripts/muon-offload-launch). Parameters are spread over the servers by Newton-Schulz
+            cost (``assign`` overrides: ``{name: server index}``); with a plan
+            (``MUON_OFFLOAD_PLAN``, set by the launcher's ``--plan``) each parameter it names
+            goes to the server the plan gives this rank's domain: its relay
+            (``parameters[].relays``), else its owner.
+        ddp: a ``DistributedDataParallel`` over the model (see :meth:`attach_ddp`); its names
+            are the unwrapped model's.
+        mode: under torch.distributed with world size w > 1:
+            ``"server_reduce"`` (default) — every rank pushes its local gradient divided by w and
+            the server sums the w contributions (contributor order, deterministic): the server's
+            sum is the mean gradient, like DDP; Muon matrices need no all-reduce at all.
+            ``"shard"`` — ranks all-reduce each gradient themselves (mean), then each pushes only
+            its row shard (1 contributor per element) and receives the whole update.
+            Without DDP, AdamW parameters are averaged with one all-reduce in step().
+        route: ``callable(name, tensor) -> "muon" | "muon_flat" | "adamw" | None`` overriding
+            the default route (None: default). ``"muon_flat"`` flattens a 3-D tensor (Conv1d)
+            instead of treating it as an expert stack. A group key ``use_muon`` forces a group.
+        prefix: prepended to the names the server sees (to share one server between jobs).
+        timeout_s: how long a server request (a registration waiting for every rank, an update)
+            may take before :class:`~muon_offload.Timeout`; ``connect_timeout_s`` for the
+            connection itself.
+        resume_from_server: adopt the momentum and step the server holds (a server restarted
+            with ``--restore``) instead of starting at step 0.
+        data_plane: ``"shm"`` (host shared memory, any server) or ``"cuda_ipc"`` (the servers'
+            device rings over CUDA IPC: same node, servers on the CUDA backend); default:
+            environment ``MUON_OFFLOAD_DATA_PLANE``, else ``"shm"``. With ``cuda_ipc`` the rings
+            are opened on the device of the first CUDA Muon parameter.
+
+    Devices: CUDA parameters keep their gradients and updates on the device when the client
+    library has CUDA (``muon_offload.has_cuda()``): gradients are pushed from device memory on
+    the current stream (with ``cuda_ipc`` straight into the server's GPU, without host copies;
+    with ``shm`` staged through the host by the library) and updates land in device buffers.
+    CPU parameters go through host memory as always.
+
+    Shapes: 2-D matrices go as they are; conv weights ``(out, in, kh, kw)`` as
+    ``(out, in*kh*kw)`` (and scaled by that shape); 3-D ``(b, r, c)`` expert stacks as b
+    independent matrices.
+
+    Overlap: a ``register_post_accumulate_grad_hook`` on each Muon parameter pushes its gradient
+    as soon as autograd has accumulated it and commits it (under DDP: the communication hook,
+    as each bucket is ready), so the server runs Newton-Schulz while backward goes on. The
+    pushed gradient is consumed: ``p.grad`` of Muon parameters is None after backward (after
+    step() under DDP). step() runs the AdamW part, then waits for the updates and applies them.
+    A Muon parameter that got no gradient is skipped (weights and momentum untouched), like
+    torch optimizers do; under torch.distributed every rank must agree on which parameters have
+    gradients.
+
+    Gradient accumulation: wrap all but the last micro-batch in :meth:`no_commit`. In mode
+    ``server_reduce`` each micro-batch's gradient is pushed and the pushes accumulate on the
+    server (per rank, summed in contributor order); the last one commits. In mode ``shard``
+    gradients accumulate in ``.grad`` (like DDP's ``no_sync``) and are all-reduced and pushed
+    once, by the last micro-batch. Under DDP use ``ddp_model.no_sync()``. Missing
+    ``no_commit``, a second backward before step() raises.
+
+    Steps are explicit integers per parameter (``state[p]["step"]``), checked by the server.
+    state_dict() carries the server-held momentum (``momentum_buffer``, fp32, matrix shape), so
+    torch checkpoints resume bitwise; load_state_dict() loads it back into the server. The format
+    is the same as InProcessMuon's. :meth:`momentum_buffer` reads one parameter's.
+
+    Figures: after each step(), ``last_step_stats`` holds what this rank saw of it —
+    ``bytes_pushed`` (gradient bytes pushed since the previous step), ``exposed_wait_s`` (seconds
+    step() was blocked waiting for updates: from its first wait to the last update in hand, not
+    counting the time spent applying the updates already there), ``slowest_parameter`` (the
+    parameter whose update arrived last), ``parameters`` (updates waited for) and ``step``. The
+    same report goes to every server (``muon_offload_client_exposed_wait_seconds`` on its
+    ``--metrics-port``; ``muon-offload status``). ``exposed_seconds`` is the wider figure: all of
+    step() plus the gradient hooks.
+
+    Errors surface from step() and from backward() (the hooks push and commit during backward):
+    :class:`~muon_offload.ConnectionLost` when a server is unreachable or restarted (the
+    message says how to recover: :meth:`reconnect` then :meth:`load_state_dict`),
+    :class:`~muon_offload.ServerError` when it refuses a parameter (naming it),
+    :class:`~muon_offload.PeerLost`, :class:`~muon_offload.Timeout`,
+    :class:`~muon_offload.NonFiniteGradient` (the step of that parameter is consumed, its weights
+    untouched).
+    """
+
+    def __init__(self, params_or_groups, *muon_args, config: Optional[MuonConfig] = None,
+                 servers=None, adamw_lr: float = 3e-4,
+                 adamw_betas: Tuple[float, float] = (0.9, 0.95), adamw_eps: float = 1e-8,
+                 adamw_weight_decay: Optional[float] = None, mode: str = "server_reduce",
+                 names=None, route: Optional[Callable] = None, ddp=None,
+                 process_group=None, prefix: str = "", assign: Optional[Mapping[str, int]] = None,
+                 grad_dtype: str = "f32", update_dtype: str = "f32",
+                 connect_timeout_s: float = 10.0, timeout_s: float = 120.0,
+                 resume_from_server: bool = False, data_plane: Optional[str] = None,
+                 **muon_keywords):
+        config = muon_config(config, muon_args, muon_keywords, type(self).__name__)
+        if servers is None:
+            servers = os.environ.get("MUON_OFFLOAD_SERVERS", "")
+            if not servers:
+                raise InvalidArgument(
+                    "OffloadMuon: no server given: pass servers=[socket, ...] or set "
+                    "MUON_OFFLOAD_SERVERS (scripts/muon-offload-launch starts servers and sets it)")
+        if isinstance(servers, str):
+            servers = [s for s in servers.split(",") if s]
+        if grad_dtype not in _TORCH_DTYPE or update_dtype not in _TORCH_DTYPE:
+            raise InvalidArgument("grad_dtype and update_dtype must be 'f32' or 'bf16'")
+        self.servers = list(servers)
+        self._grad_dtype, self._update_dtype = grad_dtype, update_dtype
+        self._client: Optional[Client] = None
+        self._pushed: Dict[torch.Tensor, int] = {}  # param -> step being gathered
+        self._committed: Dict[torch.Tensor, bool] = {}  # ordered, identity-keyed
+        self._hook_handles = []
+        self._stale: Dict[str, str] = {}
+        self._loads = [0.0] * len(self.servers)
+        self.last_step_stats: Dict[str, object] = {}
+        self._device_io = False  # CUDA tensors through the library's device entry points
+        self.ddp_hook_state = None
+        if ddp is not None and names is None:
+            names = ddp
+        super().__init__(params_or_groups, config=config, adamw_lr=adamw_lr,
+                         adamw_betas=adamw_betas, adamw_eps=adamw_eps,
+                         adamw_weight_decay=adamw_weight_decay, names=names, route=route,
+                         mode=mode, process_group=process_group, prefix=prefix)
+        # After the base class: it resolved the process group, which gives this rank's domain.
+        self._assign = dict(assign or {}) or plan_targets(os.environ.get("MUON_OFFLOAD_PLAN"),
+                                                          plan_rank(self._pg))
+        self._from_plan = not assign and bool(os.environ.get("MUON_OFFLOAD_PLAN"))
+        cuda_params = [p for p in self._muon_params if p.is_cuda]
+        # cuda_ipc opens the rings on the current device: the one the parameters live on.
+        on_device = (torch.cuda.device(cuda_params[0].device) if cuda_params
+                     else contextlib.nullcontext())
+        try:
+            with on_device:
+                self._client = Client(self.servers, rank=self.rank, world_size=self.world_size,
+                                      name=f"rank {self.rank} pid {os.getpid()}",
+                                      connect_timeout_ms=int(connect_timeout_s * 1000),
+                                      op_timeout_ms=int(timeout_s * 1000), data_plane=data_plane)
+        except ConnectionLost as e:
+            raise e.with_message(
+                f"{e}\n(is muon-offloadd running? start it with scripts/muon-offload-launch, or "
+                f"`muon-offloadd --socket {self.servers[0]}`; check with "
+                f"`muon-offload health --socket {self.servers[0]}`)") from None
+        self._device_io = bool(cuda_params) and _native.has_cuda()
+        try:
+            self._register(self._muon_params)
+            if resume_from_server:
+                self._adopt_server_state()
+            if ddp is not None:
+                self.attach_ddp(ddp)
+        except BaseException:
+            self.close()  # a refused parameter: say goodbye, do not linger as rank r
+            raise
+
+    # -- registration ----------------------------------------------------------------------
+    def _register(self, params: Sequence[torch.Tensor]) -> None:
+        if self._client is None:
+            return
+        unplanned = [self._meta[p].name for p in params if self._meta[p].name not in self._assign]
+        if self._from_plan and unplanned:
+            # Not an error (a plan made for another model still places what it names), but the
+            # plan's relays and owners do not apply to these.
+            warnings.warn(
+                f"MUON_OFFLOAD_PLAN names {len(self._assign)} parameter(s) but not "
+                f"{len(unplanned)} of this optimizer's ({', '.join(unplanned[:4])}"
+                f"{', ...' if len(unplanned) > 4 else ''}): those are placed by cost and pushed "
+                "straight to their server by every rank (check the names, including prefix=)",
+                stacklevel=3)
+        for p in params:
+            m = self._meta[p]
+            if m.name in self._assign:
+                m.server = int(self._assign[m.name])
+            else:  # least-loaded server by Newton-Schulz cost
+                m.server = min(range(len(self.servers)), key=lambda i: self._loads[i])
+                self._loads[m.server] += m.cost
+            if self.mode == "shard" and self.world_size > 1:
+                m.held = row_shard(m.shape, self.rank, self.world_size)
+            try:
+                self._client.register(m.name, m.shape, m.options, push=m.held, want=m.wanted,
+                                      server=m.server, grad_dtype=self._grad_dtype,
+                                      update_dtype=self._update_dtype)
+            except _native.MuonOffloadError as e:
+                raise e.with_message(f"the server refused parameter '{m.name}' (shape "
+                                     f"{tuple(p.shape)} -> {m.shape}, options {m.options}): "
+                                     f"{e}") from None
+            if p.requires_grad:
+                self._install_hook(p)
+
+    def _install_hook(self, p: torch.Tensor) -> None:
+        ref = weakref.ref(self)
+
+        def hook(_):
+            opt = ref()
+            if opt is not None:
+                opt._on_grad(p)
+
+        # After the gradient is accumulated into p.grad (torch >= 2.1).
+        self._hook_handles.append(p.register_post_accumulate_grad_hook(hook))
+
+    def attach_ddp(self, ddp_model) -> None:
+        """Trains under ``ddp_model`` (a DistributedDataParallel over this optimizer's model,
+        mode ``server_reduce``) with no change to the training loop: registers
+        :func:`muon_offload.ddp.muon_comm_hook`, so DDP's buckets hand their Muon gradients to
+        the server (pushed and committed as each bucket is ready) and all-reduce only the AdamW
+        gradients, overlapped with backward as DDP does. ``ddp_hook_state`` then counts the
+        bytes of each (``allreduced_bytes``, ``pushed_bytes``). Call before the first backward;
+        InvalidArgument for mode ``shard`` or a module that is not DDP."""
+        if self.mode != "server_reduce":
+            raise InvalidArgument("attach_ddp(): DDP needs mode 'server_reduce' (the server "
+                                  "reduces the Muon gradients)")
+        super().attach_ddp(ddp_model)
+        from .ddp import MuonCommHookState, muon_comm_hook
+        self.ddp_hook_state = MuonCommHookState(self, ddp_model.process_group)
+        ddp_model.register_comm_hook(self.ddp_hook_state, muon_comm_hook)
+
+    def close(self) -> None:
+        """Removes the hooks and disconnects (an orderly goodbye)."""
+        for h in self._hook_handles:
+            h.remove()
+        self._hook_handles = []
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    # -- errors ----------------------------------------------------------------------------
+    def _fail(self, e: Exception):
+        """Resets the step in flight and re-raises ``e`` with recovery advice."""
+        self._pushed.clear()
+        self._committed.clear()
+        if isinstance(e, ConnectionLost):
+            raise e.with_message(
+                f"{e}\nThe muon-offloadd server ({', '.join(self.servers)}) is unreachable, "
+                "stopped or restarted; the server-held momentum of this job is there. Restart it "
+                "(muon-offloadd --restore SNAPSHOT keeps the momentum of its last snapshot), then "
+                "call optimizer.reconnect() and, unless the server restored exactly this step, "
+                "optimizer.load_state_dict(checkpoint).") from None
+        msg = str(e)
+        # The cause code step_mismatch; the message text for servers that send it as bad_request.
+        if isinstance(e, _native.StepMismatch) or (
+                isinstance(e, _native.ServerError) and ("already applied" in msg or
+                                                        "step gap" in msg)):
+            raise e.with_message(
+                f"{msg}\nThe server's step for this parameter does not follow this optimizer's: "
+                "it holds state from another run (use a fresh server, another prefix=, or "
+                "resume_from_server=True) or the optimizer state was not loaded "
+                "(optimizer.load_state_dict(checkpoint)).") from None
+        raise e
+
+    def _check_usable(self):
+        if self._client is None:
+            raise MuonOffloadError("OffloadMuon is closed")
+        if self._stale:
+            first = next(iter(self._stale.items()))
+            raise MuonOffloadError(
+                f"the server's momentum does not match this optimizer ({len(self._stale)} "
+                f"parameter(s), e.g. '{first[0]}': {first[1]}); call "
+                "optimizer.load_state_dict(checkpoint) to load a consistent state")
+
+    # -- the step ------------------------------------------------------------------------------
+    def _server_step(self, p) -> int:
+        return int(self.state[p].get("step", 0))
+
+    def _push(self, p: torch.Tensor, grad: Optional[torch.Tensor]) -> None:
+        m = self._meta[p]
+        step = self._server_step(p)
+        if grad is None:
+            g = torch.zeros(m.shape, dtype=torch.float32, device=self._io_device(p))
+        else:
+            g = grad.detach().reshape(m.shape)
+            if self.world_size > 1:
+                g = g.to(torch.float32) / self.world_size
+                if self.mode == "shard":
+                    dist.all_reduce(g, group=self._pg)
+        # CUDA gradients stay on the device (pushed from device memory on the current stream).
+        g = g.to(device=self._io_device(p),
+                 dtype=_TORCH_DTYPE[self._grad_dtype]).contiguous().view(-1)
+        for b, e in m.held:
+            self._client.push(m.name, step, b, g[b:e], e - b)
+        self._pushed[p] = step
+
+    def _io_device(self, p: torch.Tensor) -> torch.device:
+        """Where the gradient and update buffers of ``p`` live: its CUDA device when the library
+        takes device memory, else the CPU."""
+        return p.device if (self._device_io and p.is_cuda) else torch.device("cpu")
+
+    def _commit(self, p: torch.Tensor) -> None:
+        m = self._meta[p]
+        if m.held:
+            self._client.commit(m.name, self._pushed[p])
+        self._committed[p] = True
+
+    def _check_grad(self, p: torch.Tensor) -> None:
+        """A gradient of ``p`` may be taken now: the optimizer is usable and ``p``'s step is not
+        committed yet (MuonOffloadError otherwise)."""
+        self._check_usable()
+        if p in self._committed:
+            raise MuonOffloadError(
+                f"gradient of '{self._meta[p].name}' arrived after its step "
+                f"{self._pushed.get(p)} was committed: for gradient accumulation wrap all "
+                "but the last micro-batch in `with optimizer.no_commit():` (under DDP: "
+                "`with model.no_sync():`), or call step() between backward passes")
+
+    def _take_grad(self, p: torch.Tensor, grad: torch.Tensor) -> None:
+        """Pushes ``grad`` for Muon parameter ``p`` and commits it (unless in no_commit)."""
+        self._push(p, grad)
+        if not self._no_commit_depth:
+            self._commit(p)
+
+    def _on_grad(self, p: torch.Tensor) -> None:
+        """The post-accumulate-grad hook of a Muon parameter (not under DDP: the comm hook)."""
+        if p.grad is None or self._ddp is not None:
+            return
+        t0 = time.perf_counter()
+        try:
+            self._check_grad(p)
+            if self._no_commit_depth and self.mode == "shard" and self.world_size > 1:
+                return  # like DDP's no_sync: accumulate in .grad, all-reduce once at the end
+            self._take_grad(p, p.grad)
+            p.grad = None
+        except _native.MuonOffloadError as e:
+            self._fail(e)
+        finally:
+            self._hook_seconds += time.perf_counter() - t0
+
+    def _on_ddp_grad(self, p: torch.Tensor, grad: torch.Tensor) -> bool:
+        """From the DDP comm hook: takes the local gradient of Muon parameter ``p`` (True), or
+        False for a parameter that is not this optimizer's Muon parameter."""
+        if p not in self._meta:
+            return False
+        t0 = time.perf_counter()
+        try:
+            if self._no_commit_depth:
+                raise MuonOffloadError(
+                    "optimizer.no_commit() under DistributedDataParallel: accumulate with "
+                    "`with model.no_sync():` instead (DDP sums the micro-batches in .grad; the "
+                    "last backward pushes the sum)")
+            self._check_grad(p)
+            self._take_grad(p, grad)
+        except _native.MuonOffloadError as e:
+            self._fail(e)
+        finally:
+            self._hook_seconds += time.perf_counter() - t0
+        return True
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """Commits what backward left uncommitted, runs AdamW, waits for the Muon updates and
+        applies ``W <- W*(1 - lr*wd) - lr*U``. Returns the closure's loss."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        t0 = time.perf_counter()
+        self._check_usable()
+        errors = []
+        waited = []
+        try:
+            for _, p in self._muon_items():
+                if p not in self._pushed and p.grad is not None:
+                    self._push(p, p.grad)  # gradients set without backward hooks
+                    p.grad = None
+                if p in self._pushed and p not in self._committed:
+                    self._commit(p)
+            self._adamw_step()  # runs while the server computes
+            group_of = {p: g for g, p in self._muon_items()}
+            for p in list(self._committed):
+                m, g = self._meta[p], group_of[p]
+                p.grad = None  # under DDP: the local gradient DDP copied back; consumed
+                buf = torch.empty(m.numel, dtype=_TORCH_DTYPE[self._update_dtype],
+                                  device=self._io_device(p))
+                step = self._pushed[p]
+                waited.append(step)
+                try:
+                    self._client.wait_update(m.name, step, buf)
+                except NonFiniteGradient as e:  # the server consumed the step
+                    errors.append(e)
+                    self.state[p]["step"] = step + 1
+                    continue
+                self._apply(p, buf, g)
+                self.state[p]["step"] = step + 1
+        except _native.MuonOffloadError as e:
+            self._fail(e)
+        self._pushed.clear()
+        self._committed.clear()
+        self.last_hook_seconds, self._hook_seconds = self._hook_seconds, 0.0
+        self.last_step_seconds = time.perf_counter() - t0
+        if waited:
+            self._report_step(max(waited))
+        self._raise_nonfinite(errors)
+        return loss
+
+    def _report_step(self, step: int) -> None:
+        """Sends this rank's step report to the servers and keeps it as ``last_step_stats``."""
+        try:
+            stats = self._client.report_step(step)
+        except _native.MuonOffloadError as e:
+            self._fail(e)
+        slowest = stats["slowest_parameter"]
+        if self._prefix and slowest.startswith(self._prefix):
+            slowest = slowest[len(self._prefix):]
+        self.last_step_stats = {
+            "step": stats["step"], "bytes_pushed": stats["bytes_pushed"],
+            "exposed_wait_s": stats["exposed_wait_s"], "slowest_parameter": slowest,
+            "parameters": stats["parameters"]}
+
+    # -- state ---------------------------------------------------------------------------------
+    def _param_index(self) -> Dict[torch.Tensor, int]:
+        idx, i = {}, 0
+        for g in self.param_groups:
+            for p in g["params"]:
+                if p not in idx:
+                    idx[p] = i
+                    i += 1
+        return idx
+
+    def state_dict(self):
+        """The torch state dict plus, for each Muon parameter that took a step, the server-held
+        momentum (``momentum_buffer``, fp32, matrix shape) fetched from its server."""
+        self._check_usable()
+        if self._pushed:
+            raise MuonOffloadError("state_dict() between backward and step(): call it after "
+                                   "step()")
+        sd = super().state_dict()
+        idx = self._param_index()
+        for p in self._muon_params:
+            st = sd["state"].get(idx[p])
+            if not st or not st.get("step"):
+                continue
+            m = self._meta[p]
+            buf = torch.empty(m.shape, dtype=torch.float32)
+            try:
+                last = self._client.fetch_momentum(m.name, buf)
+            except _native.MuonOffloadError as e:
+                self._fail(e)
+            if last != st["step"] - 1:
+                raise MuonOffloadError(
+                    f"server holds the momentum of '{m.name}' at step {last}, the optimizer "
+                    f"expects step {st['step'] - 1}")
+            sd["state"][idx[p]] = dict(st, momentum_buffer=buf)
+        return sd
+
+    def load_state_dict(self, state_dict):
+        """Loads the torch state and puts each Muon parameter's momentum (bit-exact fp32) back
+        into its server; the next step continues where the checkpoint left off."""
+        if self._client is None:
+            raise MuonOffloadError("OffloadMuon is closed")
+        saved = state_dict["state"]
+        momenta = {k: v.get("momentum_buffer") for k, v in saved.items() if isinstance(v, dict)}
+        MuonOptimizerBase.load_state_dict(self, state_dict)
+        self._pushed.clear()
+        self._committed.clear()
+        idx = self._param_index()
+        last_per_server = {}
+        for p in self._muon_params:
+            st = self.state.get(p)
+            st = st if st else {}
+            st.pop("momentum_buffer", None)
+            step = int(st.get("step", 0))
+            if step == 0:
+                continue
+            m = self._meta[p]
+            raw = momenta.get(idx[p])
+            if raw is None:
+                raise InvalidArgument(f"state dict has no momentum_buffer for '{m.name}' "
+                                      f"(step {step})")
+            if raw.numel() != m.numel:
+                raise InvalidArgument(f"momentum_buffer of '{m.name}' has {raw.numel()} "
+                                      f"elements, the parameter {m.numel}")
+            if self.rank == 0:
+                vals = raw.detach().to("cpu", torch.float32).contiguous().view(-1)
+                try:
+                    self._client.load_momentum(m.name, step - 1, vals)
+                except _native.MuonOffloadError as e:
+                    self._fail(e)
+                last_per_server[m.server] = p
+        # A round trip per server orders the loads before any rank's next push.
+        for p in last_per_server.values():
+            m = self._meta[p]
+            try:
+                self._client.fetch_momentum(m.name, torch.empty(m.numel, dtype=torch.float32))
+            except _native.MuonOffloadError as e:
+                self._fail(e)
+        if self.world_size > 1:
+            dist.barrier(group=self._pg)
+        self._stale.clear()
+
+    def reconnect(self) -> None:
+        """Reconnects to every server and registers every parameter again (after a server
+        restart). If the server's momentum does not match this optimizer's steps (a server that
+        restarted without the right snapshot), step() refuses to run until load_state_dict()."""
+        if self._client is None:
+            raise MuonOffloadError("OffloadMuon is closed")
+        self._pushed.clear()
+        self._committed.clear()
+        try:
+            self._client.reconnect()
+        except _native.MuonOffloadError as e:
+            self._fail(e)
+        self._stale.clear()
+        for p in self._muon_params:
+            m = self._meta[p]
+            last = self._server_last_step(m)
+            mine = self._server_step(p) - 1
+            if last != mine:
+                self._stale[m.name] = f"server at step {last}, optimizer at step {mine}"
+
+    def momentum_buffer(self, p: torch.Tensor) -> torch.Tensor:
+        """The server-held momentum of Muon parameter ``p`` (fp32, CPU, the matrix shape the
+        server sees: ``p``'s own for 2-D), fetched from its server: as the last step applied
+        left it, zeros before the first. The public way to read it (state_dict() carries the
+        same tensors). Raises InvalidArgument for a parameter that is not on a server, the
+        server's errors otherwise."""
+        self._check_usable()
+        m = self._meta.get(p)
+        if m is None:
+            raise InvalidArgument("momentum_buffer(): not a Muon parameter of this optimizer")
+        buf = torch.empty(m.shape, dtype=torch.float32)
+        try:
+            self._client.fetch_momentum(m.name, buf)
+        except _native.MuonOffloadError as e:
+            self._fail(e)
+        return buf
+
+    def _server_last_step(self, m: MuonParam) -> int:
+        """The last step the server applied to a parameter (-1: none)."""
+        return self._client.fetch_momentum(m.name, torch.empty(m.numel, dtype=torch.float32))
+
+    def _adopt_server_state(self) -> None:
+        for p in self._muon_params:
+            last = self._server_last_step(self._meta[p])
+            if last >= 0:
+                self.state[p]["step"] = last + 1
+
+    def snapshot(self, path: str = "") -> None:
+        """Asks every server to write a snapshot (``path`` per server gets ``.<i>`` appended
+        when there are several; empty: each server's --snapshot path)."""
+        for i in range(len(self.servers)):
+            p = path if (not path or len(self.servers) == 1) else f"{path}.{i}"
+            self._client.snapshot(i, p)
