@@ -24,14 +24,22 @@ struct PlanArgs {
   std::string per_domain = "auto";
   double tokens_per_step = 1e6;
   double step_time_ms = 0;
-  double gemm_tflops = 790;
+  double gemm_tflops = 0;
+  std::string gpu_model;
+  std::string ns_precision = "bf16";
+  double gpu_memory_gb = 0;
+  std::string client_mode = "server_reduce";
+  double colocated_memory_share = 0.25;
+  std::string memory_check = "refuse";
+  double auto_tolerance = 0.01;
+  double auto_tolerance_ms = 1.0;
   double gemm_efficiency = 0.70;
   double launch_overhead_us = 5;
   std::string schedule = "keller";
   int steps = 0;
   std::string algorithm = "syrk";
   double mfu = 0.40;
-  double train_peak_tflops = 989;
+  double train_peak_tflops = 0;
   double nvlink_gbs = 25;
   double fabric_gbs = 50;
   double pcie_gbs = 25;
@@ -64,11 +72,19 @@ void run_plan(const PlanArgs& a) {
   c.schedule = a.schedule;
   c.ns_steps = a.steps;
   c.algorithm = parse_ns_algorithm(a.algorithm);
-  c.gemm_flops = a.gemm_tflops * 1e12;
+  req.gpu_model = a.gpu_model;
+  req.gemm_flops = a.gemm_tflops * 1e12;
+  req.train_peak_flops = a.train_peak_tflops * 1e12;
+  req.gpu_memory_bytes = a.gpu_memory_gb * 1e9;
+  c.ns_precision = parse_precision(a.ns_precision);
+  req.memory.client_mode = plan::parse_client_mode(a.client_mode);
+  req.memory.colocated_share = a.colocated_memory_share;
+  req.memory.refuse = a.memory_check == "refuse";
+  req.auto_tolerance = a.auto_tolerance;
+  req.auto_tolerance_s = a.auto_tolerance_ms * 1e-3;
   c.gemm_efficiency = a.gemm_efficiency;
   c.launch_overhead_s = a.launch_overhead_us * 1e-6;
   c.mfu = a.mfu;
-  c.train_peak_flops = a.train_peak_tflops * 1e12;
   c.nvlink_link_bw = a.nvlink_gbs * 1e9;
   c.fabric_link_bw = a.fabric_gbs * 1e9;
   c.pcie_bw = a.pcie_gbs * 1e9;
@@ -137,10 +153,43 @@ void add_plan_command(CLI::App& app) {
                    ->check(CLI::PositiveNumber);
   tokens->excludes(step);
   step->excludes(tokens);
+  sub->add_option("--gpu-model", a->gpu_model,
+                  "GPU model the rates and memory come from: a100, h100, h100_pcie, h200, b200, "
+                  "gb200 (default: from the topology: its device names, else its links)");
+  sub->add_option("--ns-precision", a->ns_precision,
+                  "Precision of the server's Newton-Schulz products: bf16 (tensor cores) or fp32")
+      ->check(CLI::IsMember({"bf16", "fp32"}))
+      ->capture_default_str();
   sub->add_option("--gemm-tflops", a->gemm_tflops,
-                  "GEMM rate of a server GPU, TFLOP/s (H100/H200 bf16: 790; or measured by "
-                  "bench/ with --gemm-efficiency 1)")
-      ->check(CLI::PositiveNumber)
+                  "GEMM rate of a server GPU, TFLOP/s (default: 80 % of the GPU model's dense "
+                  "peak at --ns-precision; or measured by bench/ with --gemm-efficiency 1)")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--gpu-memory-gb", a->gpu_memory_gb,
+                  "Memory of one GPU, GB (default: the topology's, else the GPU model's)")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--client-mode", a->client_mode,
+                  "How ranks push gradients (OffloadMuon's mode): server_reduce (each rank its "
+                  "whole gradient; the server keeps one buffer per rank) or shard (1/world each)")
+      ->check(CLI::IsMember({"server_reduce", "shard"}))
+      ->capture_default_str();
+  sub->add_option("--colocated-memory-share", a->colocated_memory_share,
+                  "Share of its GPU's memory a co-located server may use (the trainer keeps the "
+                  "rest)")
+      ->check(CLI::Range(0.01, 1.0))
+      ->capture_default_str();
+  sub->add_option("--memory-check", a->memory_check,
+                  "refuse: a plan whose servers do not fit in GPU memory is an error (auto "
+                  "prefers candidates that fit); warn: print it with a warning")
+      ->check(CLI::IsMember({"refuse", "warn"}))
+      ->capture_default_str();
+  sub->add_option("--auto-tolerance", a->auto_tolerance,
+                  "auto: candidates within this fraction of the cheapest total (or "
+                  "--auto-tolerance-ms) count as equal; the fewest servers among them wins")
+      ->check(CLI::Range(0.0, 10.0))
+      ->capture_default_str();
+  sub->add_option("--auto-tolerance-ms", a->auto_tolerance_ms,
+                  "auto: the same tolerance in milliseconds (the larger of the two applies)")
+      ->check(CLI::Range(0.0, 1e9))
       ->capture_default_str();
   sub->add_option("--gemm-efficiency", a->gemm_efficiency,
                   "Fraction of the GEMM rate Newton-Schulz reaches")
@@ -164,11 +213,10 @@ void add_plan_command(CLI::App& app) {
   sub->add_option("--mfu", a->mfu, "Model FLOPs utilization of training")
       ->check(CLI::Range(0.001, 1.0))
       ->capture_default_str();
-  sub->add_option(
-         "--train-peak-tflops", a->train_peak_tflops,
-         "Peak TFLOP/s of a compute GPU that MFU refers to (H100/H200 SXM bf16 dense: 989)")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
+  sub->add_option("--train-peak-tflops", a->train_peak_tflops,
+                  "Peak TFLOP/s of a compute GPU that MFU refers to (default: the GPU model's "
+                  "dense bf16 peak, e.g. 989 on H100/H200 SXM)")
+      ->check(CLI::PositiveNumber);
   sub->add_option("--nvlink-gbs-per-link", a->nvlink_gbs,
                   "GB/s per NVLink link and direction (NVLink 3/4)")
       ->check(CLI::PositiveNumber)

@@ -3,17 +3,19 @@
 // stays exposed on the step's critical path. Every figure is in seconds, bytes, FLOP/s or bytes/s.
 //
 // Defaults, and where they come from:
-//   GEMM rate          790e12 FLOP/s x 0.70: bf16 Newton-Schulz on H100/H200 (architecture guide,
-//                      "Sizing"); pass a measured rate (bench/) with --gemm-tflops and
-//                      --gemm-efficiency 1.
+//   GEMM rate          the server GPU's published dense peak for the Newton-Schulz precision
+//                      (plan/gpu_model.hpp: bf16 tensor cores, or plain fp32) x 0.80 (a large
+//                      cuBLAS GEMM's share of the peak: 790 of 989 TFLOP/s on H100, the figure of
+//                      the architecture guide's "Sizing") x 0.70 (Newton-Schulz's share of that
+//                      GEMM rate, gemm_efficiency). Pass a measured rate (bench/) with
+//                      --gemm-tflops and --gemm-efficiency 1.
 //   launch overhead    5 us per GEMM launch, 3 launches per step (one per product); the sizing
 //                      table counts FLOPs only and is reproduced with 0.
-//   training           6 x active parameters FLOPs per token, at 40 % MFU of 989e12 FLOP/s
-//                      (H100/H200 SXM dense bf16 peak, the figure MFU is quoted against); this is
-//                      what reproduces the guide's "NS / step time" column.
+//   training           6 x active parameters FLOPs per token, at 40 % MFU of the compute GPU's
+//                      dense bf16 peak (989e12 FLOP/s on H100/H200 SXM, the figure MFU is quoted
+//                      against); this is what reproduces the guide's "NS / step time" column.
 //   NVLink             25e9 bytes/s per link and direction (NVLink 3 and 4: NV12 on A100 = 300
-//   GB/s,
-//                      NV18 on H100/H200 = 450 GB/s per GPU and direction);
+//                      GB/s, NV18 on H100/H200 = 450 GB/s per GPU and direction);
 //   NVLink 5 (fabric)  50e9 bytes/s per link and direction (GB200 NVL72: 18 links = 900 GB/s);
 //   PCIe               25e9 bytes/s per GPU and direction (Gen4 x16 in practice; Gen5 ~50e9);
 //   network            50e9 bytes/s per GPU and direction (one 400 Gb/s NIC per GPU);
@@ -38,6 +40,9 @@ namespace muon::plan {
 enum class Placement { dedicated, colocated };
 const char* placement_name(Placement p);
 
+/// A large cuBLAS GEMM's share of a GPU's dense peak (790 of 989 TFLOP/s bf16 on H100).
+inline constexpr double kGemmFractionOfPeak = 0.80;
+
 /// The kind of link a transfer crosses.
 enum class LinkKind { nvlink, fabric, pcie, network };
 inline constexpr int kLinkKinds = 4;
@@ -47,10 +52,13 @@ struct CostSettings {
   std::string schedule = "keller";  ///< Newton-Schulz schedule (kernels/ns_schedule.hpp)
   int ns_steps = 5;
   NsAlgorithm algorithm = NsAlgorithm::syrk;
-  double gemm_flops = 790e12;  ///< FLOP/s, peak GEMM rate of one server GPU
-  double gemm_efficiency = 0.70;
-  double launch_overhead_s = 5e-6;   ///< seconds per GEMM launch
-  double train_peak_flops = 989e12;  ///< FLOP/s per compute GPU, what MFU is relative to
+  /// Precision of the Newton-Schulz products on the server: bf16 (tensor cores, the CUDA
+  /// backend's default) or fp32; picks the peak the GEMM rate derives from.
+  Precision ns_precision = Precision::bf16;
+  double gemm_flops = kGemmFractionOfPeak * 989e12;  ///< FLOP/s, GEMM rate of one server GPU
+  double gemm_efficiency = 0.70;                     ///< share of gemm_flops Newton-Schulz reaches
+  double launch_overhead_s = 5e-6;                   ///< seconds per GEMM launch
+  double train_peak_flops = 989e12;  ///< FLOP/s per compute GPU (dense bf16), what MFU refers to
   double mfu = 0.40;
   double nvlink_link_bw = 25e9;  ///< bytes/s per NVLink link and direction
   double fabric_link_bw = 50e9;  ///< bytes/s per NVLink 5 link and direction (fabric domains)

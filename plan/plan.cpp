@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
 
 #include "core/error.hpp"
@@ -49,6 +50,53 @@ std::vector<int> servers_per_domain(const Context& ctx, Placement placement, int
   }
   if (total == 0) return {};
   return out;
+}
+
+// Fills each server's ServerMemory (plan/server_memory.hpp) from its owned and relayed
+// parameters, the contributors of each and the sessions the plan opens to it.
+void add_memory(Plan& plan, Placement placement, const MemorySettings& ms, Precision precision) {
+  const double world = static_cast<double>(std::max<size_t>(plan.ranks.size(), 1));
+  const bool shard = ms.client_mode == ClientMode::shard;
+  std::vector<int> sessions(plan.servers.size(), 0);
+  for (const auto& r : plan.ranks) {
+    for (int e : r.endpoints) ++sessions[e];
+  }
+  std::vector<std::vector<bool>> relays_to(plan.servers.size(),
+                                           std::vector<bool>(plan.servers.size(), false));
+  for (size_t i = 0; i < plan.parameters.size(); ++i) {
+    const auto& p = plan.parameters[i];
+    const double n = static_cast<double>(p.matrix.elements());
+    Server& owner = plan.servers[p.owner];
+    owner.memory.momentum += 8 * n;
+    owner.memory.buffers += 8 * n;
+    owner.memory.workspace =
+        std::max(owner.memory.workspace, ns_workspace_bytes(p.matrix, precision));
+    for (size_t d = 0; d < plan.domains.size(); ++d) {
+      const auto& ranks = plan.domains[d].compute_ranks;
+      if (ranks.empty()) continue;
+      const double per_rank = shard ? n / world : n;
+      const int target = p.relay[d] >= 0 ? p.relay[d] : p.owner;
+      plan.servers[target].memory.contributions += 4 * per_rank * static_cast<double>(ranks.size());
+      if (target != p.owner) {  // a relay: its buffers, and one partial sum at the owner
+        plan.servers[target].memory.buffers += 8 * n;
+        owner.memory.contributions +=
+            4 * (shard ? n * static_cast<double>(ranks.size()) / world : n);
+        relays_to[p.owner][target] = true;
+      }
+    }
+  }
+  for (auto& sv : plan.servers) {
+    int relay_sessions = 0;
+    for (bool b : relays_to[sv.id]) relay_sessions += b ? 1 : 0;
+    sv.memory.rings = static_cast<double>(sessions[sv.id] + relay_sessions) *
+                      (ms.tx_slots + ms.rx_slots) * ms.slot_bytes;
+    sv.memory.context = ms.context_bytes;
+    if (ms.gpu_memory_bytes > 0) {
+      sv.memory.budget = placement == Placement::colocated
+                             ? ms.colocated_share * ms.gpu_memory_bytes
+                             : ms.gpu_memory_bytes;
+    }
+  }
 }
 
 Plan build_candidate(const Context& ctx, Placement placement, int k,
@@ -198,6 +246,7 @@ Plan build_candidate(const Context& ctx, Placement placement, int k,
     }
   }
   for (auto& sv : plan.servers) std::sort(sv.relays.begin(), sv.relays.end());
+  add_memory(plan, placement, ctx.request.memory, s.ns_precision);
 
   // Step cost.
   StepCost& c = plan.cost;
@@ -217,7 +266,140 @@ Plan build_candidate(const Context& ctx, Placement placement, int k,
     c.exposed_s = std::max(c.exposed_s, sv.exposed_s);
   }
   c.total_s = c.share_s + c.exposed_s;
+  for (const auto& sv : plan.servers) {
+    c.memory_max_bytes = std::max(c.memory_max_bytes, sv.memory.total());
+    c.memory_budget_bytes = sv.memory.budget;
+    c.fits = c.fits && sv.memory.fits();
+  }
   return plan;
+}
+
+// "95.3 GB (momentum 28.0, gradient+update 28.0, contributions 36.2, ...)" of one server.
+std::string memory_text(const ServerMemory& m) {
+  auto gb = [](double b) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1f", b / 1e9);
+    return std::string(buf);
+  };
+  return gb(m.total()) + " GB (momentum and its backup " + gb(m.momentum) +
+         ", gradient and update " + gb(m.buffers) + ", per-contributor buffers " +
+         gb(m.contributions) + ", rings " + gb(m.rings) + ", Newton-Schulz workspace " +
+         gb(m.workspace) + ", CUDA context " + gb(m.context) + ")";
+}
+
+// The server of `plan` furthest over (or nearest to) its budget.
+const Server& tightest_server(const Plan& plan) {
+  const Server* worst = &plan.servers.front();
+  for (const auto& sv : plan.servers) {
+    if (sv.memory.total() - sv.memory.budget > worst->memory.total() - worst->memory.budget) {
+      worst = &sv;
+    }
+  }
+  return *worst;
+}
+
+std::string server_text(const Server& sv) {
+  return "server " + std::to_string(sv.id) + " (" + sv.host + " GPU" +
+         std::to_string(sv.gpu_index) + ")";
+}
+
+std::string budget_text(const Plan& plan, Placement placement) {
+  char buf[160];
+  const double gpu = plan.request.memory.gpu_memory_bytes;
+  if (placement == Placement::colocated) {
+    std::snprintf(buf, sizeof buf,
+                  "%.1f GB (%.0f %% of the GPU's %.0f GB; the trainer keeps the rest)",
+                  plan.request.memory.colocated_share * gpu / 1e9,
+                  100 * plan.request.memory.colocated_share, gpu / 1e9);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.1f GB (the whole GPU)", gpu / 1e9);
+  }
+  return buf;
+}
+
+// What a plan that does not fit can change.
+std::string memory_advice(const PlanRequest& req) {
+  std::string a = "more servers per domain (--offload-per-domain), more nodes (--nodes)";
+  if (req.memory.client_mode == ClientMode::server_reduce) {
+    a = "OffloadMuon(mode=\"shard\") with --client-mode shard (each rank then pushes 1/world of "
+        "every gradient, not all of it), " +
+        a;
+  }
+  return a + ", or a larger --colocated-memory-share";
+}
+
+// "3 servers (0, 1, 2)" / "server 4 (node0 GPU4)".
+std::string servers_text(const Plan& plan, const std::vector<int>& ids) {
+  if (ids.size() == 1) return server_text(plan.servers[ids.front()]);
+  std::string list;
+  for (size_t i = 0; i < ids.size() && i < 8; ++i) list += (i ? ", " : "") + std::to_string(ids[i]);
+  if (ids.size() > 8) list += ", ...";
+  return std::to_string(ids.size()) + " servers (" + list + ")";
+}
+
+// Servers near or over their budget (when the plan was not refused), cheaper candidates passed
+// over for memory, domains given fewer servers than asked.
+void add_warnings(Plan& plan) {
+  const auto& ms = plan.request.memory;
+  std::vector<int> over, tight;
+  for (const auto& sv : plan.servers) {
+    if (sv.memory.budget <= 0) continue;
+    const double need = sv.memory.total();
+    if (need > sv.memory.budget) {
+      over.push_back(sv.id);
+    } else if (need > ms.warn_share * sv.memory.budget) {
+      tight.push_back(sv.id);
+    }
+  }
+  const std::string budget = budget_text(plan, plan.cost.placement);
+  auto worst_of = [&](const std::vector<int>& ids) -> const Server& {
+    const Server* w = &plan.servers[ids.front()];
+    for (int id : ids) {
+      if (plan.servers[id].memory.total() > w->memory.total()) w = &plan.servers[id];
+    }
+    return *w;
+  };
+  if (!over.empty()) {
+    const Server& w = worst_of(over);
+    plan.warnings.push_back(servers_text(plan, over) + " need more than their " + budget +
+                            "; the most, " + server_text(w) + ": " + memory_text(w.memory) +
+                            (plan.gpu.source == GpuModelSource::assumed
+                                 ? "; the GPU model was assumed: pass --gpu-model"
+                                 : "; they will not start. Try " + memory_advice(plan.request)));
+  }
+  if (!tight.empty()) {
+    const Server& w = worst_of(tight);
+    char share[32];
+    std::snprintf(share, sizeof share, "%.0f %%", 100 * w.memory.total() / w.memory.budget);
+    plan.warnings.push_back(servers_text(plan, tight) + " need up to " + share + " of their " +
+                            budget + " (fragmentation or a larger trainer may fail them); " +
+                            server_text(w) + ": " + memory_text(w.memory));
+  }
+  if (plan.cost.fits) {
+    for (const auto& c : plan.candidates) {
+      if (c.fits || c.total_s >= plan.cost.total_s) continue;
+      char buf[256];
+      std::snprintf(buf, sizeof buf,
+                    "cheaper candidates do not fit in memory (the cheapest: %s with %d per domain, "
+                    "%.4g s, needs %.1f GB of %.1f GB per server); ",
+                    placement_name(c.placement), c.per_domain, c.total_s, c.memory_max_bytes / 1e9,
+                    c.memory_budget_bytes / 1e9);
+      plan.warnings.push_back(buf + std::string("to make one fit, try ") +
+                              memory_advice(plan.request));
+      break;  // candidates are cheapest first
+    }
+  }
+  for (size_t d = 0; d < plan.domains.size(); ++d) {
+    const auto& dp = plan.domains[d];
+    const int got = static_cast<int>(dp.servers.size());
+    if (got < plan.cost.per_domain && !dp.compute_ranks.empty()) {
+      plan.warnings.push_back("domain " + std::to_string(d) + " (" + dp.domain.label + ", " +
+                              std::to_string(dp.domain.gpus.size()) + " GPUs) gets " +
+                              std::to_string(got) + " server(s), not " +
+                              std::to_string(plan.cost.per_domain) +
+                              ": it has no more GPUs to give");
+    }
+  }
 }
 
 }  // namespace
@@ -246,17 +428,38 @@ Plan build_plan(const Machine& machine, const ModelConfig& model, const PlanRequ
   if (request.step_time_s <= 0 && !(request.tokens_per_step > 0)) {
     throw InvalidArgument("give --tokens-per-step > 0 or --step-time-ms > 0");
   }
-  const auto& s = request.cost;
+  // Validates the schedule and the step count (throws naming the known schedules).
+  PlanRequest req = request;
+  req.cost.ns_steps = static_cast<int>(
+      find_ns_schedule(request.cost.schedule).coefficients(request.cost.ns_steps).size());
+  // Rates and memory from the GPU model, unless given.
+  const GpuIdentity gpu = identify_gpus(machine, request.gpu_model);
+  if (req.cost.ns_precision != Precision::bf16 && req.cost.ns_precision != Precision::fp32) {
+    throw InvalidArgument("the Newton-Schulz precision of a plan is bf16 or fp32");
+  }
+  const double peak =
+      req.cost.ns_precision == Precision::fp32 ? gpu.model.fp32_flops : gpu.model.bf16_flops;
+  req.cost.gemm_flops = request.gemm_flops > 0 ? request.gemm_flops : kGemmFractionOfPeak * peak;
+  req.cost.train_peak_flops =
+      request.train_peak_flops > 0 ? request.train_peak_flops : gpu.model.bf16_flops;
+  req.memory.gpu_memory_bytes =
+      request.gpu_memory_bytes > 0 ? request.gpu_memory_bytes : gpu.model.memory_bytes;
+  const auto& s = req.cost;
   if (!(s.gemm_flops > 0) || !(s.gemm_efficiency > 0) || s.gemm_efficiency > 1 || !(s.mfu > 0) ||
       s.mfu > 1 || !(s.train_peak_flops > 0) || !(s.wire_bytes > 0) || s.launch_overhead_s < 0 ||
       s.overlap_fraction < 0 || s.overlap_fraction > 1 || s.colocated_interference < 0) {
     throw InvalidArgument(
         "cost settings out of range (rates > 0, efficiency and MFU in (0, 1], overlap in [0, 1])");
   }
-  // Validates the schedule and the step count (throws naming the known schedules).
-  PlanRequest req = request;
-  req.cost.ns_steps =
-      static_cast<int>(find_ns_schedule(s.schedule).coefficients(s.ns_steps).size());
+  const auto& ms = req.memory;
+  if (!(ms.colocated_share > 0) || ms.colocated_share > 1 || !(ms.warn_share > 0) ||
+      ms.warn_share > 1 || ms.gpu_memory_bytes < 0) {
+    throw InvalidArgument(
+        "memory settings out of range (--colocated-memory-share in (0, 1], GPU memory >= 0)");
+  }
+  if (!(req.auto_tolerance >= 0) || !(req.auto_tolerance_s >= 0)) {
+    throw InvalidArgument("--auto-tolerance and --auto-tolerance-ms must be >= 0");
+  }
 
   Context ctx{machine, req, topology::find_domains(machine), topology::host_names(machine), {}, 0};
   if (req.step_time_s <= 0) ctx.training_flops = training_flops(model, req.tokens_per_step);
@@ -271,15 +474,23 @@ Plan build_plan(const Machine& machine, const ModelConfig& model, const PlanRequ
 
   int max_size = 0;
   for (const auto& d : ctx.domains) max_size = std::max(max_size, static_cast<int>(d.gpus.size()));
+  const int asked = request.offload_per_domain;
+  if (asked > max_size) {
+    throw InvalidArgument("--offload-per-domain " + std::to_string(asked) +
+                          " exceeds the largest domain (" + std::to_string(max_size) + " GPUs)");
+  }
+  if (asked > 0 && asked == max_size && request.placement == "dedicated") {
+    throw InvalidArgument("no feasible plan: --offload-per-domain " + std::to_string(asked) +
+                          " dedicated servers leave no GPU to compute in the largest domain (" +
+                          std::to_string(max_size) + " GPUs, so at most " +
+                          std::to_string(max_size - 1) +
+                          " dedicated servers); try --placement colocated, or fewer servers");
+  }
   std::vector<Plan> candidates;
   for (Placement placement : placements) {
     const int k_hi = placement == Placement::dedicated ? max_size - 1 : max_size;
-    if (request.offload_per_domain > 0 && request.offload_per_domain > max_size) {
-      throw InvalidArgument("--offload-per-domain " + std::to_string(request.offload_per_domain) +
-                            " exceeds the largest domain (" + std::to_string(max_size) + " GPUs)");
-    }
-    const int lo = request.offload_per_domain > 0 ? request.offload_per_domain : 1;
-    const int hi = request.offload_per_domain > 0 ? request.offload_per_domain : k_hi;
+    const int lo = asked > 0 ? asked : 1;
+    const int hi = asked > 0 ? std::min(asked, k_hi) : k_hi;  // auto skips what cannot be
     std::vector<int> previous;
     for (int k = lo; k <= hi; ++k) {
       auto per_domain = servers_per_domain(ctx, placement, k);
@@ -293,11 +504,34 @@ Plan build_plan(const Machine& machine, const ModelConfig& model, const PlanRequ
         "no feasible plan: dedicated servers need a domain of 2 or more GPUs (one must compute); "
         "try --placement colocated");
   }
-  double best = candidates.front().cost.total_s;
-  for (const auto& c : candidates) best = std::min(best, c.cost.total_s);
-  const double slack = std::max(0.01 * best, 1e-3);
+  // The auto rule, over the candidates that fit in memory (all of them when none does and the
+  // check only warns).
+  bool any_fits = false;
+  for (const auto& c : candidates) any_fits = any_fits || c.cost.fits;
+  const bool refuse = req.memory.refuse && gpu.source != GpuModelSource::assumed;
+  if (!any_fits && refuse) {
+    const Plan* least = &candidates.front();
+    for (const auto& c : candidates) {
+      if (c.cost.memory_max_bytes < least->cost.memory_max_bytes) least = &c;
+    }
+    const Server& sv = tightest_server(*least);
+    throw InvalidArgument(
+        std::string(candidates.size() > 1 ? "no candidate fits in GPU memory: the smallest, "
+                                          : "the plan does not fit in GPU memory: ") +
+        placement_name(least->cost.placement) + " with " + std::to_string(least->cost.per_domain) +
+        " server(s) per domain, has " + server_text(sv) + " needing " + memory_text(sv.memory) +
+        " of its " + budget_text(*least, least->cost.placement) + " on " + gpu.model.name + " (" +
+        gpu.how + "); try " + memory_advice(req) + " (--memory-check warn plans it anyway)");
+  }
+  double best = -1;
+  for (const auto& c : candidates) {
+    if (any_fits && !c.cost.fits) continue;
+    if (best < 0 || c.cost.total_s < best) best = c.cost.total_s;
+  }
+  const double slack = std::max(req.auto_tolerance * best, req.auto_tolerance_s);
   size_t chosen = candidates.size();
   for (size_t i = 0; i < candidates.size(); ++i) {
+    if (any_fits && !candidates[i].cost.fits) continue;
     if (candidates[i].cost.total_s > best + slack) continue;
     if (chosen == candidates.size()) {
       chosen = i;
@@ -310,8 +544,11 @@ Plan build_plan(const Machine& machine, const ModelConfig& model, const PlanRequ
       chosen = i;
     }
   }
+  candidates[chosen].cost.chosen = true;
+  std::vector<StepCost> costs;
+  for (const auto& c : candidates) costs.push_back(c.cost);
   Plan plan = std::move(candidates[chosen]);
-  for (const auto& c : candidates) plan.candidates.push_back(c.cost);
+  plan.candidates = std::move(costs);
   std::stable_sort(plan.candidates.begin(), plan.candidates.end(),
                    [](const StepCost& a, const StepCost& b) { return a.total_s < b.total_s; });
   plan.model_name = model.name;
@@ -320,6 +557,8 @@ Plan build_plan(const Machine& machine, const ModelConfig& model, const PlanRequ
   plan.topology_source = topology_source;
   plan.placement_auto = request.placement == "auto";
   plan.per_domain_auto = request.offload_per_domain == 0;
+  plan.gpu = gpu;
+  add_warnings(plan);
   return plan;
 }
 

@@ -17,8 +17,10 @@
 #include <vector>
 
 #include "plan/cost_model.hpp"
+#include "plan/gpu_model.hpp"
 #include "plan/lpt.hpp"
 #include "plan/model_config.hpp"
+#include "plan/server_memory.hpp"
 #include "topology/domains.hpp"
 #include "topology/machine.hpp"
 
@@ -34,7 +36,22 @@ struct PlanRequest {
   double tokens_per_step = 1e6;
   /// Measured step time with every GPU training, seconds; 0: derive from tokens_per_step.
   double step_time_s = 0;
+  /// The GPU model ("h100", plan/gpu_model.hpp); empty: identified from the topology.
+  std::string gpu_model;
+  /// Rates and memory that replace the GPU model's when > 0: the server's GEMM rate (FLOP/s),
+  /// the compute GPU's peak that MFU refers to (FLOP/s), the GPU's memory (bytes).
+  double gemm_flops = 0;
+  double train_peak_flops = 0;
+  double gpu_memory_bytes = 0;
+  /// Settings of the cost model; build_plan fills gemm_flops and train_peak_flops from the GPU
+  /// model (or the overrides above), so values set here are replaced.
   CostSettings cost;
+  MemorySettings memory;
+  /// The auto rule: among the candidates that fit in memory, those within
+  /// max(auto_tolerance x cheapest, auto_tolerance_s) of the cheapest total go to the fewest
+  /// servers, then to co-location (no GPU given up). 0 and 0: strictly the cheapest.
+  double auto_tolerance = 0.01;
+  double auto_tolerance_s = 1e-3;
   /// Directory of the server sockets; empty: the daemon's default
   /// ($XDG_RUNTIME_DIR/muon-offload, else /tmp/muon-offload-<uid>).
   std::string socket_dir;
@@ -53,6 +70,7 @@ struct Server {
   std::vector<int> owns;    ///< parameter indices (into Plan::parameters) it owns
   std::vector<int> relays;  ///< parameter indices it relays for its domain (owner elsewhere)
   ServerLoad load;
+  ServerMemory memory;
   double exposed_s = 0;
 };
 
@@ -94,14 +112,18 @@ struct StepCost {
   int per_domain = 0;  ///< requested servers per domain
   int servers = 0;     ///< total servers after clamping to domain sizes
   int compute_gpus = 0;
-  double compute_all_s = 0;  ///< compute time with every GPU training
-  double compute_s = 0;      ///< compute time on this choice's compute GPUs
-  double share_s = 0;        ///< compute_s - compute_all_s: the GPUs dedicated servers take
-  double window_s = 0;       ///< overlap window: overlap_fraction x compute_s
-  double ns_max_s = 0;       ///< busiest server's Newton-Schulz seconds
-  double link_max_s = 0;     ///< busiest server's link seconds
-  double exposed_s = 0;      ///< max over servers of server_exposed_seconds
-  double total_s = 0;        ///< share_s + exposed_s: the step's cost of the optimizer
+  double compute_all_s = 0;        ///< compute time with every GPU training
+  double compute_s = 0;            ///< compute time on this choice's compute GPUs
+  double share_s = 0;              ///< compute_s - compute_all_s: the GPUs dedicated servers take
+  double window_s = 0;             ///< overlap window: overlap_fraction x compute_s
+  double ns_max_s = 0;             ///< busiest server's Newton-Schulz seconds
+  double link_max_s = 0;           ///< busiest server's link seconds
+  double exposed_s = 0;            ///< max over servers of server_exposed_seconds
+  double total_s = 0;              ///< share_s + exposed_s: the step's cost of the optimizer
+  double memory_max_bytes = 0;     ///< the most memory one server needs (ServerMemory::total)
+  double memory_budget_bytes = 0;  ///< what one server may use; 0: unknown
+  bool fits = true;     ///< every server within its memory budget (or the budget unknown)
+  bool chosen = false;  ///< the candidate the plan is (Plan::candidates)
 };
 
 struct Plan {
@@ -115,6 +137,7 @@ struct Plan {
   bool placement_auto = false;
   bool per_domain_auto = false;
   double training_flops = 0;  ///< per step; 0 when the step time was given
+  GpuIdentity gpu;            ///< the GPU model the rates and memory come from
   std::vector<DomainPlan> domains;
   std::vector<Server> servers;
   std::vector<ComputeRank> ranks;
@@ -122,14 +145,21 @@ struct Plan {
   LptResult lpt;
   StepCost cost;                     ///< the chosen candidate
   std::vector<StepCost> candidates;  ///< every candidate costed (auto), cheapest first
+  /// What the reader must know: servers near or over their memory budget (when not refused),
+  /// a domain given fewer servers than asked.
+  std::vector<std::string> warnings;
 };
 
-/// Builds the plan. With placement "auto" and/or offload_per_domain 0, costs every feasible
-/// (placement, k) — dedicated needs one compute GPU left in each domain that has a server, and
-/// k is clamped to each domain's size — and keeps the lowest total_s; candidates within 1 % (or
-/// 1 ms) of the best go to the fewer servers, then to co-location (no GPU given up).
-/// Throws InvalidArgument for an unknown placement, no feasible candidate (dedicated on a machine
-/// of one-GPU domains), k out of range, or a bad schedule/steps.
+/// Builds the plan. Rates and memory come from the GPU model (identify_gpus: request.gpu_model,
+/// else the topology) unless the request overrides them. With placement "auto" and/or
+/// offload_per_domain 0, costs every feasible (placement, k) — dedicated needs one compute GPU
+/// left in each domain that has a server, and k is clamped to each smaller domain's size — and
+/// applies the auto rule (PlanRequest::auto_tolerance) to those that fit in memory.
+/// Throws InvalidArgument for an unknown placement or GPU model, no feasible candidate
+/// (dedicated on a machine of one-GPU domains), k out of range (more servers than the largest
+/// domain has GPUs, or dedicated servers on all of them), a bad schedule/steps, or — unless
+/// request.memory.refuse is false or the GPU model was assumed — no candidate whose servers fit
+/// in memory (the message names the server, what it needs and its budget).
 Plan build_plan(const topology::Machine& machine, const ModelConfig& model,
                 const PlanRequest& request, const std::string& topology_source = "");
 

@@ -38,7 +38,23 @@ json step_cost(const StepCost& c) {
           {"ns_max_s", c.ns_max_s},
           {"link_max_s", c.link_max_s},
           {"exposed_s", c.exposed_s},
-          {"total_s", c.total_s}};
+          {"total_s", c.total_s},
+          {"memory_max_bytes", c.memory_max_bytes},
+          {"memory_budget_bytes", c.memory_budget_bytes},
+          {"fits", c.fits},
+          {"chosen", c.chosen}};
+}
+
+json memory(const ServerMemory& m) {
+  return {{"total_bytes", m.total()},
+          {"budget_bytes", m.budget},
+          {"momentum_bytes", m.momentum},
+          {"gradient_update_bytes", m.buffers},
+          {"contribution_bytes", m.contributions},
+          {"ring_bytes", m.rings},
+          {"workspace_bytes", m.workspace},
+          {"context_bytes", m.context},
+          {"fits", m.fits()}};
 }
 
 }  // namespace
@@ -64,10 +80,18 @@ std::string write_plan_json(const Plan& plan) {
   doc["placement"] = placement_name(placement);
   doc["offload_per_domain"] = plan.cost.per_domain;
   doc["chosen_by"] = plan.placement_auto || plan.per_domain_auto ? "auto" : "request";
+  doc["gpu"] = {{"model", plan.gpu.model.key},
+                {"name", plan.gpu.model.name},
+                {"source", gpu_model_source_name(plan.gpu.source)},
+                {"how", plan.gpu.how},
+                {"bf16_flops_per_s", plan.gpu.model.bf16_flops},
+                {"fp32_flops_per_s", plan.gpu.model.fp32_flops},
+                {"memory_bytes", plan.request.memory.gpu_memory_bytes}};
   doc["settings"] = {
       {"schedule", s.schedule},
       {"ns_steps", s.ns_steps},
       {"ns_algorithm", ns_algorithm_name(s.algorithm)},
+      {"ns_precision", s.ns_precision == Precision::fp32 ? "fp32" : "bf16"},
       {"gemm_flops_per_s", s.gemm_flops},
       {"gemm_efficiency", s.gemm_efficiency},
       {"launch_overhead_s", s.launch_overhead_s},
@@ -84,7 +108,11 @@ std::string write_plan_json(const Plan& plan) {
       {"network_bytes_per_s", s.network_bw},
       {"wire_bytes_per_element", s.wire_bytes},
       {"overlap_fraction", s.overlap_fraction},
-      {"colocated_interference", s.colocated_interference}};
+      {"colocated_interference", s.colocated_interference},
+      {"client_mode", client_mode_name(plan.request.memory.client_mode)},
+      {"colocated_memory_share", plan.request.memory.colocated_share},
+      {"auto_tolerance", plan.request.auto_tolerance},
+      {"auto_tolerance_s", plan.request.auto_tolerance_s}};
   doc["socket_dir"] = plan.request.socket_dir;
   doc["paths"] = {
       {"reduce",
@@ -170,6 +198,7 @@ std::string write_plan_json(const Plan& plan) {
                          {"link_s", sv.load.link_s()},
                          {"exposed_s", sv.exposed_s},
                          {"momentum_bytes", sv.load.momentum_bytes},
+                         {"memory", memory(sv.memory)},
                          {"bytes_in", per_kind(sv.load.bytes_in)},
                          {"bytes_out", per_kind(sv.load.bytes_out)}}}});
   }
@@ -229,6 +258,7 @@ std::string write_plan_json(const Plan& plan) {
   json candidates = json::array();
   for (const auto& c : plan.candidates) candidates.push_back(step_cost(c));
   doc["candidates"] = candidates;
+  doc["warnings"] = plan.warnings;
   return doc.dump(2) + "\n";
 }
 

@@ -72,6 +72,13 @@ std::string gpu_list(const Plan& plan, const std::vector<int>& positions, size_t
   return out.empty() ? "-" : out;
 }
 
+// "61.2" or "61.2 > 20.0" when over budget.
+std::string memory_cell(const ServerMemory& m) {
+  std::string cell = fmt("%.1f", m.total() / 1e9);
+  if (!m.fits()) cell += " > " + fmt("%.1f", m.budget / 1e9);
+  return cell;
+}
+
 }  // namespace
 
 void print_plan_table(const Plan& plan, std::ostream& out) {
@@ -84,22 +91,39 @@ void print_plan_table(const Plan& plan, std::ostream& out) {
       << " host(s), " << plan.domains.size() << " domain(s)"
       << (plan.topology_source.empty() ? "" : "; from " + plan.topology_source) << '\n';
   out << "  placement: " << placement_name(c.placement) << ", " << c.per_domain
-      << " server(s) per domain, " << c.servers << " in the pool"
-      << (plan.placement_auto || plan.per_domain_auto
-              ? " (auto: cheapest of " + std::to_string(plan.candidates.size()) + " candidates)"
-              : "")
-      << '\n';
+      << " server(s) per domain, " << c.servers << " in the pool";
+  if (plan.placement_auto || plan.per_domain_auto) {
+    const auto& r = plan.request;
+    out << "\n  auto rule: of " << plan.candidates.size()
+        << " candidates, the fewest servers within max(" << fmt("%.3g", 100 * r.auto_tolerance)
+        << " %, " << fmt("%.3g", r.auto_tolerance_s * 1e3)
+        << " ms) of the cheapest total that fits in memory, co-located on a tie "
+           "(--auto-tolerance, --auto-tolerance-ms; marked * below)";
+  }
+  out << '\n';
+  const auto& gpu = plan.gpu;
+  out << "  GPU: " << gpu.model.name << " (" << gpu.how << "): dense bf16 "
+      << fmt("%.0f", gpu.model.bf16_flops / 1e12) << " TFLOP/s, fp32 "
+      << fmt("%.1f", gpu.model.fp32_flops / 1e12) << " TFLOP/s, "
+      << fmt("%.0f", plan.request.memory.gpu_memory_bytes / 1e9) << " GB"
+      << (plan.request.gpu_memory_bytes > 0 ? " (--gpu-memory-gb)" : "") << '\n';
   out << "  Newton-Schulz: " << s.schedule << " x" << s.ns_steps << ", "
-      << ns_algorithm_name(s.algorithm) << " FLOP count, " << fmt("%.0f", s.gemm_flops / 1e12)
-      << " TFLOP/s x " << fmt("%.2f", s.gemm_efficiency) << ", "
-      << fmt("%.0f", s.launch_overhead_s * 1e6) << " us per launch\n";
+      << ns_algorithm_name(s.algorithm) << " FLOP count, "
+      << (s.ns_precision == Precision::fp32 ? "fp32" : "bf16") << " at "
+      << fmt("%.0f", s.gemm_flops / 1e12) << " TFLOP/s"
+      << (plan.request.gemm_flops > 0
+              ? " (--gemm-tflops)"
+              : " (" + fmt("%.0f", 100 * kGemmFractionOfPeak) + " % of the GPU's peak)")
+      << " x " << fmt("%.2f", s.gemm_efficiency) << ", " << fmt("%.0f", s.launch_overhead_s * 1e6)
+      << " us per launch\n";
   if (plan.request.step_time_s > 0) {
     out << "  training: step time " << fmt("%.3f", plan.request.step_time_s)
         << " s with every GPU training (given)\n";
   } else {
     out << "  training: " << fmt("%.3g", plan.request.tokens_per_step) << " tokens/step, "
         << fmt("%.3g", plan.training_flops) << " FLOP/step at " << fmt("%.0f", s.mfu * 100)
-        << " % MFU of " << fmt("%.0f", s.train_peak_flops / 1e12) << " TFLOP/s\n";
+        << " % MFU of " << fmt("%.0f", s.train_peak_flops / 1e12) << " TFLOP/s"
+        << (plan.request.train_peak_flops > 0 ? " (--train-peak-tflops)" : "") << '\n';
   }
 
   out << "\nDOMAINS\n";
@@ -119,13 +143,13 @@ void print_plan_table(const Plan& plan, std::ostream& out) {
 
   out << "\nSERVERS (predicted per step)\n";
   rows = {{"ID", "HOST", "GPU", "NUMA", "SOCKET", "OWNS", "RELAYS", "NS TFLOP", "NS s", "LINK s",
-           "EXPOSED s", "MOMENTUM GB"}};
+           "EXPOSED s", "MOMENTUM GB", "MEMORY GB"}};
   const size_t n = plan.servers.size();
   const size_t show = 12;
   for (size_t i = 0; i < n; ++i) {
     if (n > show && i == show / 2) {
       rows.push_back(
-          {"...", std::to_string(n - show) + " more", "", "", "", "", "", "", "", "", "", ""});
+          {"...", std::to_string(n - show) + " more", "", "", "", "", "", "", "", "", "", "", ""});
       i = n - show / 2;
     }
     const auto& sv = plan.servers[i];
@@ -134,9 +158,23 @@ void print_plan_table(const Plan& plan, std::ostream& out) {
                     std::to_string(sv.owns.size()), std::to_string(sv.relays.size()),
                     fmt("%.1f", sv.load.ns_flops / 1e12), fmt("%.3f", sv.load.ns_s),
                     fmt("%.3f", sv.load.link_s()), fmt("%.3f", sv.exposed_s),
-                    fmt("%.2f", sv.load.momentum_bytes / 1e9)});
+                    fmt("%.2f", sv.load.momentum_bytes / 1e9), memory_cell(sv.memory)});
   }
   print_rows(out, rows);
+  const auto& mem = plan.request.memory;
+  out << "  memory: what the server's GPU data plane allocates (plan/server_memory.hpp) with "
+      << "ranks pushing in mode " << client_mode_name(mem.client_mode)
+      << " (--client-mode); budget per server ";
+  if (c.memory_budget_bytes > 0) {
+    out << fmt("%.1f", c.memory_budget_bytes / 1e9) << " GB"
+        << (c.placement == Placement::colocated
+                ? " (" + fmt("%.0f", 100 * mem.colocated_share) +
+                      " % of the GPU, --colocated-memory-share; the trainer keeps the rest)"
+                : " (the whole GPU)");
+  } else {
+    out << "unknown (no GPU memory size)";
+  }
+  out << '\n';
   out << "  ownership: LPT over the pool, makespan " << fmt("%.3f", plan.lpt.makespan)
       << " s; lower bound max(avg, longest) " << fmt("%.3f", plan.lpt.lower_bound())
       << " s; guaranteed <= avg + longest = " << fmt("%.3f", plan.lpt.list_bound())
@@ -163,12 +201,22 @@ void print_plan_table(const Plan& plan, std::ostream& out) {
       << " s (" << fmt("%.1f", c.compute_all_s > 0 ? 100.0 * c.total_s / c.compute_all_s : 0.0)
       << " % of the step)\n";
 
+  if (!plan.warnings.empty()) {
+    out << "\nWARNINGS\n";
+    for (const auto& w : plan.warnings) out << "  " << w << '\n';
+  }
+
   if (plan.candidates.size() > 1) {
-    out << "\nCANDIDATES (cheapest first)\n";
-    rows = {{"PLACEMENT", "PER DOMAIN", "SERVERS", "GPU SHARE s", "EXPOSED s", "TOTAL s"}};
-    // The cheapest few, plus the cheapest of each placement so both costs are on screen.
+    out << "\nCANDIDATES (cheapest first; * the plan)\n";
+    rows = {{"", "PLACEMENT", "PER DOMAIN", "SERVERS", "GPU SHARE s", "EXPOSED s", "TOTAL s",
+             "MEMORY GB", "FITS"}};
+    // The cheapest few, the chosen one, and the cheapest of each placement so both costs are on
+    // screen.
     std::vector<size_t> shown;
     for (size_t i = 0; i < plan.candidates.size() && i < 5; ++i) shown.push_back(i);
+    for (size_t i = 0; i < plan.candidates.size(); ++i) {
+      if (plan.candidates[i].chosen && i >= 5) shown.push_back(i);
+    }
     for (Placement p : {Placement::dedicated, Placement::colocated}) {
       for (size_t i = 0; i < plan.candidates.size(); ++i) {
         if (plan.candidates[i].placement != p) continue;
@@ -178,9 +226,11 @@ void print_plan_table(const Plan& plan, std::ostream& out) {
     }
     for (size_t i : shown) {
       const auto& k = plan.candidates[i];
-      rows.push_back({placement_name(k.placement), std::to_string(k.per_domain),
-                      std::to_string(k.servers), fmt("%.3f", k.share_s), fmt("%.3f", k.exposed_s),
-                      fmt("%.3f", k.total_s)});
+      rows.push_back({k.chosen ? "*" : "", placement_name(k.placement),
+                      std::to_string(k.per_domain), std::to_string(k.servers),
+                      fmt("%.4g", k.share_s), fmt("%.4g", k.exposed_s), fmt("%.4g", k.total_s),
+                      fmt("%.1f", k.memory_max_bytes / 1e9),
+                      k.memory_budget_bytes <= 0 ? "?" : (k.fits ? "yes" : "no")});
     }
     print_rows(out, rows);
   }

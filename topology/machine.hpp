@@ -21,6 +21,9 @@ struct Gpu {
   bool nvswitch = false;       ///< links go through NVSwitch (HGX/DGX, NVL72)
   std::string fabric_cluster;  ///< GPU fabric cluster UUID (NVL72); empty when none
   int fabric_clique = -1;      ///< GPU fabric clique id within the cluster; -1 when none
+  /// Device name as NVML and nvidia-smi print it ("NVIDIA H100 80GB HBM3"); empty when unknown.
+  std::string model;
+  int64_t memory_bytes = 0;  ///< total device memory, bytes; 0 when unknown
 
   bool operator==(const Gpu&) const = default;
 };

@@ -17,7 +17,8 @@ const std::set<std::string>& link_classes() {
 }
 
 Gpu read_gpu(const JsonFields& f, const std::string& host) {
-  f.only({"index", "pci_bus_id", "numa_node", "nvswitch", "nvlink", "fabric"});
+  f.only({"index", "pci_bus_id", "numa_node", "nvswitch", "nvlink", "fabric", "model",
+          "memory_bytes"});
   Gpu gpu;
   gpu.host = host;
   gpu.index = f.integer("index", 0, 4095);
@@ -31,6 +32,8 @@ Gpu read_gpu(const JsonFields& f, const std::string& host) {
     }
   }
   if (f.has("numa_node")) gpu.numa_node = f.integer("numa_node", -1, 4095);
+  if (f.has("model")) gpu.model = f.string("model");
+  if (f.has("memory_bytes")) gpu.memory_bytes = f.integer("memory_bytes", 1, int64_t{1} << 50);
   if (f.has("nvswitch")) gpu.nvswitch = f.boolean("nvswitch");
   if (f.has("nvlink")) {
     const auto links = f.array("nvlink");
@@ -169,6 +172,8 @@ std::string write_topology_json(const Machine& machine) {
     g["index"] = gpu.index;
     if (!gpu.pci_bus_id.empty()) g["pci_bus_id"] = gpu.pci_bus_id;
     if (gpu.numa_node >= 0) g["numa_node"] = gpu.numa_node;
+    if (!gpu.model.empty()) g["model"] = gpu.model;
+    if (gpu.memory_bytes > 0) g["memory_bytes"] = gpu.memory_bytes;
     if (gpu.nvswitch) g["nvswitch"] = true;
     if (!gpu.nvlink_peers.empty()) {
       json links = json::array();

@@ -8,6 +8,7 @@
 //       { "name": "node0",
 //         "gpus": [
 //           { "index": 0, "pci_bus_id": "0000:18:00.0", "numa_node": 0, "nvswitch": true,
+//             "model": "NVIDIA H100 80GB HBM3", "memory_bytes": 85520809984,
 //             "nvlink": [ { "peer": 1, "links": 18 }, ... ],
 //             "fabric": { "cluster": "9f1c...-uuid", "clique": 1 } },     // NVL72 only
 //           ... ],
@@ -16,9 +17,10 @@
 //   }
 //
 // Required: schema, hosts[].name, hosts[].gpus[].index. Everything else is optional and defaults
-// to "unknown" (numa_node -1, no NVLink, no fabric). Unknown fields are errors, so a typo never
-// passes silently. `nvlink` lists peers on the same host (GPU index -> bonded link count) and must
-// be symmetric.
+// to "unknown" (numa_node -1, no NVLink, no fabric, no model name or memory size: the planner
+// then infers the GPU model from the links, plan/gpu_model.hpp). Unknown fields are errors, so a
+// typo never passes silently. `nvlink` lists peers on the same host (GPU index -> bonded link
+// count) and must be symmetric.
 #pragma once
 
 #include <string>

@@ -40,10 +40,13 @@ const ModelConfig& model(const std::string& file) {
   return it->second;
 }
 
+// Plans about structure (placement, owners, paths), whatever their memory: the memory model has
+// tests of its own below.
 PlanRequest request(const std::string& placement, int per_domain) {
   PlanRequest r;
   r.placement = placement;
   r.offload_per_domain = per_domain;
+  r.memory.refuse = false;
   return r;
 }
 
@@ -103,16 +106,29 @@ void check_plan(const Plan& p) {
                                     ? p.machine.gpus.size() - p.servers.size()
                                     : p.machine.gpus.size();
   EXPECT_EQ(p.ranks.size(), expected_ranks);
-  // auto keeps a candidate within 1 % (or 1 ms) of the cheapest.
+  // auto keeps a candidate within max(1 %, 1 ms) of the cheapest that fits (of all, when none
+  // fits), and marks it.
+  bool any_fits = false;
+  for (const auto& c : p.candidates) any_fits = any_fits || c.fits;
   double best = 1e300;
-  for (const auto& c : p.candidates) best = std::min(best, c.total_s);
+  int chosen = 0;
+  for (const auto& c : p.candidates) {
+    if (c.fits || !any_fits) best = std::min(best, c.total_s);
+    chosen += c.chosen ? 1 : 0;
+  }
   EXPECT_LE(p.cost.total_s, best + std::max(0.01 * best, 1e-3) + 1e-12);
+  EXPECT_EQ(chosen, 1);
+  EXPECT_TRUE(p.cost.fits || !any_fits);
 }
 
 }  // namespace
 
 TEST(Plan, HgxH100AutoCoLocatesOneServerPerGpu) {
-  const Plan p = build_plan(fixture("hgx_h100.txt"), model("llama3_8b.json"), request("auto", 0));
+  // Ranks pushing shards: a co-located server per GPU fits in a quarter of an H100 (19.6 GB).
+  PlanRequest r = request("auto", 0);
+  r.memory.client_mode = ClientMode::shard;
+  const Plan p = build_plan(fixture("hgx_h100.txt"), model("llama3_8b.json"), r);
+  EXPECT_TRUE(p.cost.fits);
   check_plan(p);
   ASSERT_EQ(p.domains.size(), 1u);
   EXPECT_EQ(p.cost.placement, Placement::colocated);
@@ -334,4 +350,220 @@ TEST(Plan, BadRequestsAreClearErrors) {
     EXPECT_NE(std::string(e.what()).find("no feasible plan"), std::string::npos) << e.what();
   }
   EXPECT_EQ(build_plan(single, m, request("auto", 0)).cost.placement, Placement::colocated);
+}
+
+TEST(Plan, DedicatedOnEveryGpuOfTheLargestDomainIsRefusedAsOneMoreIs) {
+  const Machine hgx = fixture("hgx_h100.txt");
+  const ModelConfig& m = model("gpt2_124m.json");
+  for (int k : {8, 9}) {
+    SCOPED_TRACE(k);
+    try {
+      build_plan(hgx, m, request("dedicated", k));
+      FAIL() << "dedicated " << k << " on 8 GPUs was accepted";
+    } catch (const InvalidArgument& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("--offload-per-domain " + std::to_string(k)), std::string::npos) << what;
+    }
+  }
+  // auto placement with 8 per domain: only co-location can have 8, so that is the plan.
+  const Plan p = build_plan(hgx, m, request("auto", 8));
+  EXPECT_EQ(p.cost.placement, Placement::colocated);
+  EXPECT_EQ(p.candidates.size(), 1u);
+  // 7 dedicated is what the domain allows.
+  EXPECT_EQ(build_plan(hgx, m, request("dedicated", 7)).servers.size(), 7u);
+}
+
+TEST(Plan, AutoRuleIsSaidMarkedAndItsToleranceSettable) {
+  // NVL72 + Llama-3-8B, co-located: many server counts within 1 % of the cheapest; the default
+  // rule takes the fewest servers among them, tolerance 0 the cheapest itself.
+  const Machine rack = fixture("gb200_nvl72.json");
+  PlanRequest r = request("colocated", 0);
+  r.memory.client_mode = ClientMode::shard;  // every count fits: the rule alone decides
+  const Plan fewest = build_plan(rack, model("llama3_8b.json"), r);
+  check_plan(fewest);
+  r.auto_tolerance = 0;
+  r.auto_tolerance_s = 0;
+  const Plan cheapest = build_plan(rack, model("llama3_8b.json"), r);
+  check_plan(cheapest);
+  double best = 1e300;
+  for (const auto& c : cheapest.candidates) best = std::min(best, c.total_s);
+  EXPECT_DOUBLE_EQ(cheapest.cost.total_s, best);
+  EXPECT_LT(fewest.servers.size(), cheapest.servers.size());
+  EXPECT_GT(fewest.cost.total_s, cheapest.cost.total_s);
+  EXPECT_LE(fewest.cost.total_s, 1.01 * cheapest.cost.total_s + 1e-3);
+  // A tolerance wide enough takes fewer servers still.
+  r.auto_tolerance = 0.5;
+  EXPECT_LT(build_plan(rack, model("llama3_8b.json"), r).servers.size(), fewest.servers.size());
+  // The chosen candidate is marked in the candidates and in the table; the header says the rule.
+  std::ostringstream table;
+  print_plan_table(fewest, table);
+  const std::string t = table.str();
+  EXPECT_NE(t.find("the fewest servers within max(1 %, 1 ms) of the cheapest total"),
+            std::string::npos)
+      << t;
+  const std::string row = "*  colocated  " + std::to_string(fewest.cost.per_domain) + " ";
+  EXPECT_NE(t.find(row), std::string::npos) << t;
+  const auto doc = nlohmann::json::parse(write_plan_json(fewest));
+  int marked = 0;
+  for (const auto& c : doc["candidates"]) {
+    if (c["chosen"].get<bool>()) {
+      ++marked;
+      EXPECT_EQ(c["servers"], fewest.servers.size());
+    }
+  }
+  EXPECT_EQ(marked, 1);
+  r.auto_tolerance = -1;
+  EXPECT_THROW(build_plan(rack, model("llama3_8b.json"), r), InvalidArgument);
+}
+
+TEST(Plan, RatesComeFromTheGpuModelOfTheTopology) {
+  const ModelConfig& m = model("gpt2_124m.json");
+  struct Row {
+    const char* fixture;
+    const char* key;
+    GpuModelSource source;
+    double bf16, memory;
+  };
+  const Row rows[] = {{"dgx_a100.txt", "a100", GpuModelSource::links, 312e12, 80e9},
+                      {"hgx_h100.txt", "h100", GpuModelSource::links, 989e12, 80e9},
+                      {"gb200_nvl72.json", "gb200", GpuModelSource::links, 2500e12, 186e9},
+                      {"pcie_2socket.txt", "h100", GpuModelSource::assumed, 989e12, 80e9}};
+  for (const auto& row : rows) {
+    SCOPED_TRACE(row.fixture);
+    const Plan p = build_plan(fixture(row.fixture), m, request("colocated", 1));
+    EXPECT_EQ(p.gpu.model.key, row.key);
+    EXPECT_EQ(p.gpu.source, row.source);
+    EXPECT_DOUBLE_EQ(p.request.cost.gemm_flops, kGemmFractionOfPeak * row.bf16);
+    EXPECT_DOUBLE_EQ(p.request.cost.train_peak_flops, row.bf16);
+    EXPECT_DOUBLE_EQ(p.request.memory.gpu_memory_bytes, row.memory);
+    // The NS time of a parameter follows the rate.
+    EXPECT_DOUBLE_EQ(p.parameters[0].cost_s,
+                     parameter_seconds(p.parameters[0].matrix, p.request.cost));
+    std::ostringstream table;
+    print_plan_table(p, table);
+    EXPECT_NE(table.str().find("GPU: " + p.gpu.model.name), std::string::npos) << table.str();
+  }
+  // A100 NS is 989 / 312 times slower than H100's at the same FLOPs (launches aside).
+  PlanRequest flops_only = request("dedicated", 1);
+  flops_only.cost.launch_overhead_s = 0;
+  const Plan a100 = build_plan(fixture("dgx_a100.txt"), m, flops_only);
+  const Plan h100 = build_plan(fixture("hgx_h100.txt"), m, flops_only);
+  EXPECT_NEAR(a100.servers[0].load.ns_s / h100.servers[0].load.ns_s, 989.0 / 312.0, 1e-9);
+  // A flag, fp32 Newton-Schulz and explicit overrides.
+  PlanRequest r = request("colocated", 1);
+  r.gpu_model = "h200";
+  r.cost.ns_precision = Precision::fp32;
+  Plan p = build_plan(fixture("dgx_a100.txt"), m, r);
+  EXPECT_EQ(p.gpu.source, GpuModelSource::flag);
+  EXPECT_DOUBLE_EQ(p.request.cost.gemm_flops, kGemmFractionOfPeak * 67e12);
+  EXPECT_DOUBLE_EQ(p.request.memory.gpu_memory_bytes, 141e9);
+  r.gemm_flops = 500e12;
+  r.train_peak_flops = 900e12;
+  r.gpu_memory_bytes = 40e9;
+  p = build_plan(fixture("dgx_a100.txt"), m, r);
+  EXPECT_DOUBLE_EQ(p.request.cost.gemm_flops, 500e12);
+  EXPECT_DOUBLE_EQ(p.request.cost.train_peak_flops, 900e12);
+  EXPECT_DOUBLE_EQ(p.request.memory.gpu_memory_bytes, 40e9);
+  r.gpu_model = "v100";
+  EXPECT_THROW(build_plan(fixture("dgx_a100.txt"), m, r), InvalidArgument);
+}
+
+TEST(Plan, ServerMemoryIsWhatTheDataPlaneAllocates) {
+  // GPT-2 small on one HGX node, one dedicated server (GPU7) and 7 compute ranks.
+  const ModelConfig& m = model("gpt2_124m.json");
+  double n = 0;
+  const MuonMatrix* largest = nullptr;
+  for (const auto& x : m.muon) {
+    n += static_cast<double>(x.elements());
+    if (largest == nullptr ||
+        ns_workspace_bytes(x, Precision::bf16) > ns_workspace_bytes(*largest, Precision::bf16)) {
+      largest = &x;
+    }
+  }
+  PlanRequest r = request("dedicated", 1);
+  const Plan p = build_plan(fixture("hgx_h100.txt"), m, r);
+  const ServerMemory& mem = p.servers[0].memory;
+  EXPECT_DOUBLE_EQ(mem.momentum, 8 * n);           // momentum and its backup
+  EXPECT_DOUBLE_EQ(mem.buffers, 8 * n);            // reduced gradient and update
+  EXPECT_DOUBLE_EQ(mem.contributions, 7 * 4 * n);  // server_reduce: one whole buffer per rank
+  EXPECT_DOUBLE_EQ(mem.rings, 7 * 16 * 4.0 * (1 << 20));  // 7 sessions x (8 + 8) x 4 MiB
+  EXPECT_DOUBLE_EQ(mem.workspace, ns_workspace_bytes(*largest, Precision::bf16));
+  EXPECT_DOUBLE_EQ(mem.context, 1.0 * (1 << 30));
+  EXPECT_DOUBLE_EQ(mem.budget, 80e9);
+  EXPECT_TRUE(mem.fits());
+  // A [768, 3072] bf16 workspace: gathered fp32 blocks, two bf16 copies of X, A and B (768^2).
+  const MuonMatrix fc{"fc", 3072, 768, 1, 1, false};
+  EXPECT_DOUBLE_EQ(ns_workspace_bytes(fc, Precision::bf16),
+                   4.0 * 3072 * 768 + 4.0 * 3072 * 768 + 4.0 * 768 * 768 + 32.0 * (1 << 20));
+  // shard: the ranks' pushes add up to one copy.
+  r.memory.client_mode = ClientMode::shard;
+  const Plan s = build_plan(fixture("hgx_h100.txt"), m, r);
+  EXPECT_NEAR(s.servers[0].memory.contributions, 4 * n, 1e-6 * n);
+  // A relay keeps its domain's buffers, and the owner one partial sum per relaying domain.
+  const Plan two = build_plan(fixture("hgx_h100_2node.json"), m, request("dedicated", 1));
+  double owned = 0, relayed = 0;
+  for (int i : two.servers[0].owns)
+    owned += static_cast<double>(two.parameters[i].matrix.elements());
+  for (int i : two.servers[0].relays)
+    relayed += static_cast<double>(two.parameters[i].matrix.elements());
+  EXPECT_DOUBLE_EQ(two.servers[0].memory.momentum, 8 * owned);
+  EXPECT_DOUBLE_EQ(two.servers[0].memory.buffers, 8 * (owned + relayed));
+  EXPECT_DOUBLE_EQ(two.servers[0].memory.contributions, 4 * (7 * (owned + relayed) + owned));
+}
+
+TEST(Plan, MemoryThatDoesNotFitIsRefusedOrWarnedAndAutoPrefersWhatFits) {
+  // Llama-3-70B co-located on one HGX H100 node: ~8.6 B parameters' momentum per GPU, far over
+  // a quarter of 80 GB.
+  const Machine hgx = fixture("hgx_h100.txt");
+  PlanRequest r = request("colocated", 8);
+  r.memory.refuse = true;
+  try {
+    build_plan(hgx, model("llama3_70b.json"), r);
+    FAIL() << "70B co-located on 8 GPUs was accepted";
+  } catch (const InvalidArgument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("does not fit in GPU memory"), std::string::npos) << what;
+    EXPECT_NE(what.find("server "), std::string::npos) << what;
+    EXPECT_NE(what.find("of its 20.0 GB"), std::string::npos) << what;
+    EXPECT_NE(what.find("--client-mode shard"), std::string::npos) << what;
+  }
+  // warn: the plan, with a warning per server.
+  r.memory.refuse = false;
+  const Plan warned = build_plan(hgx, model("llama3_70b.json"), r);
+  EXPECT_FALSE(warned.cost.fits);
+  ASSERT_EQ(warned.warnings.size(), 1u);  // one line for the 8 servers
+  EXPECT_NE(warned.warnings[0].find("8 servers (0, 1, 2, 3, 4, 5, 6, 7)"), std::string::npos)
+      << warned.warnings[0];
+  EXPECT_NE(warned.warnings[0].find("they will not start"), std::string::npos)
+      << warned.warnings[0];
+  std::ostringstream table;
+  print_plan_table(warned, table);
+  EXPECT_NE(table.str().find("WARNINGS"), std::string::npos);
+  EXPECT_NE(table.str().find(" > 20.0"), std::string::npos) << table.str();
+
+  // auto for Llama-3-8B on one HGX node, ranks pushing whole gradients: every co-located
+  // candidate needs a buffer per rank and does not fit; the plan is the cheapest that does, and
+  // says what it passed over.
+  PlanRequest a = request("auto", 0);
+  a.memory.refuse = true;
+  const Plan p = build_plan(hgx, model("llama3_8b.json"), a);
+  check_plan(p);
+  EXPECT_TRUE(p.cost.fits);
+  EXPECT_EQ(p.cost.placement, Placement::dedicated);
+  bool cheaper_unfit = false;
+  for (const auto& c : p.candidates) {
+    cheaper_unfit = cheaper_unfit || (!c.fits && c.total_s < p.cost.total_s);
+  }
+  EXPECT_TRUE(cheaper_unfit) << "no cheaper candidate was passed over for memory";
+  bool said = false;
+  for (const auto& w : p.warnings) said = said || w.find("cheaper candidates do not fit") == 0;
+  EXPECT_TRUE(said);
+  // An assumed GPU model never refuses: PCIe boxes say nothing of their GPUs.
+  PlanRequest big = request("colocated", 2);
+  big.memory.refuse = true;
+  const Plan assumed = build_plan(fixture("pcie_2socket.txt"), model("llama3_70b.json"), big);
+  EXPECT_EQ(assumed.gpu.source, GpuModelSource::assumed);
+  EXPECT_FALSE(assumed.cost.fits);
+  ASSERT_FALSE(assumed.warnings.empty());
+  EXPECT_NE(assumed.warnings[0].find("pass --gpu-model"), std::string::npos) << assumed.warnings[0];
 }
