@@ -79,7 +79,7 @@ class Scheduler {
   std::mutex join_mu_;  // serializes stop()'s join
   // Worker-only buffers, reused across batches: concatenated gradients, momenta and updates.
   std::vector<float> grad_buf_, momentum_buf_, update_buf_;
-  std::vector<float> gram_buf_;  // numeric health: the Gram matrix of one block
+  HealthScratch health_buf_;  // numeric health: Gram matrices and one input block
 };
 
 /// True when two option sets give bitwise the same math (used to batch jobs together).
