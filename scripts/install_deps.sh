@@ -22,6 +22,7 @@ PACKAGES=(
   libxxhash-dev     # XXH3 hashes of updates in the soak test (tests/soak)
   python3 python3-venv   # the base of the Python environment below; the launcher's plan reader
   fortunes          # the demo's corpus: /usr/share/games/fortunes
+  numactl           # the launcher's NUMA binding of servers (a plan's numactl arguments)
 )
 # --fuzz (scripts/fuzz.sh): clang-16 (clang-14 lacks std::source_location), libFuzzer, symbolizer
 if [ "${1:-}" = "--fuzz" ]; then PACKAGES+=(clang-16 libclang-rt-16-dev llvm-16); fi
