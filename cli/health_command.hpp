@@ -1,5 +1,6 @@
-// `muon-offload health --socket PATH [--timeout-ms T]`: waits until a server can take
-// registrations; exit 0 when healthy, 1 otherwise. For launch scripts.
+// `muon-offload health --socket PATH | --job NAME [--timeout-ms T]`: waits until a server (or
+// every server of a launcher's job manifest) can take registrations; exit 0 when healthy, 1
+// otherwise, naming the servers that are hung or gone. For launch scripts and operators.
 #pragma once
 
 #include <CLI/CLI.hpp>

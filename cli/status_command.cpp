@@ -9,6 +9,10 @@
 #include <vector>
 
 #include "cli/command_error.hpp"
+#include "cli/job_manifest.hpp"
+#include "cli/job_status.hpp"
+#include "cli/socket_probe.hpp"
+#include "cli/status_text.hpp"
 #include "cli/text_table.hpp"
 #include "client/client_error.hpp"
 #include "client/health_probe.hpp"
@@ -20,48 +24,12 @@ namespace {
 using nlohmann::json;
 
 constexpr int kExitNoServer = 2;
-
-// 3723.4 s -> "1h 02m 03s"; 12.5 -> "12.5 s".
-std::string duration_text(double s) {
-  if (!(s >= 0.0)) return "?";
-  char buf[64];
-  if (s < 60.0) {
-    std::snprintf(buf, sizeof buf, "%.1f s", s);
-  } else {
-    const auto t = static_cast<long long>(s);
-    if (t < 3600) {
-      std::snprintf(buf, sizeof buf, "%lldm %02llds", t / 60, t % 60);
-    } else {
-      std::snprintf(buf, sizeof buf, "%lldh %02lldm %02llds", t / 3600, (t / 60) % 60, t % 60);
-    }
-  }
-  return buf;
-}
-
-// A wait in seconds, in the unit that reads best.
-std::string wait_text(double s) {
-  char buf[64];
-  if (s < 1e-3) {
-    std::snprintf(buf, sizeof buf, "%.0f us", s * 1e6);
-  } else if (s < 1.0) {
-    std::snprintf(buf, sizeof buf, "%.1f ms", s * 1e3);
-  } else {
-    std::snprintf(buf, sizeof buf, "%.2f s", s);
-  }
-  return buf;
-}
+constexpr int kExitHung = 3;  // a process holds the socket but does not answer
 
 std::string ranks_text(const json& a) {
   std::string s;
   for (const auto& r : a) s += (s.empty() ? "" : ", ") + std::to_string(r.get<int>());
   return "[" + s + "]";
-}
-
-template <class T>
-T get_or(const json& j, const char* key, T def) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return def;
-  return it->get<T>();
 }
 
 std::string parameter_state(const json& p) {
@@ -152,13 +120,21 @@ std::string format_status(const json& st, const std::string& socket) {
     out << "  (none registered)\n";
   } else {
     std::vector<std::vector<std::string>> rows = {
-        {"NAME", "SHAPE", "LAST STEP", "CONTRIBUTORS", "STATE", "ORTHOGONALITY ERROR"}};
+        {"NAME", "SHAPE", "LAST STEP", "CONTRIBUTORS", "STATE", "ORTHOGONALITY ERROR", "ROLE"}};
     for (const auto& p : params) {
+      // With a plan a parameter is owned here or relayed to its owner; without one, every
+      // parameter is owned by the server that has it.
+      const std::string role =
+          p.contains("relayed_to")
+              ? "relay -> server " + std::to_string(p["relayed_to"].get<int>())
+              : (st.contains("plan")
+                     ? "owner (server " + std::to_string(get_or(st["plan"], "server_id", -1)) + ")"
+                     : "owner");
       rows.push_back(
           {get_or<std::string>(p, "name", "?"), get_or<std::string>(p, "shape", "-"),
            std::to_string(get_or<int64_t>(p, "last_step", -1)),
            p.contains("contributors") ? std::to_string(p["contributors"].get<int>()) : "-",
-           parameter_state(p), health_text(p)});
+           parameter_state(p), health_text(p), role});
     }
     print_table(out, rows, "  ");
   }
@@ -187,24 +163,97 @@ std::string format_status(const json& st, const std::string& socket) {
   return out.str();
 }
 
+namespace {
+
+// The job view of every manifest of `job` (all live jobs when empty). Exit 2 when there is none;
+// 1 when a server of it does not answer.
+void show_jobs(const std::string& job, const std::string& socket_hint, bool as_json,
+               std::chrono::milliseconds timeout, std::chrono::milliseconds window) {
+  std::vector<std::string> skipped;
+  auto manifests = find_job_manifests(&skipped);
+  std::vector<JobManifest> chosen;
+  for (auto& m : manifests) {
+    if (job.empty() ? m.launcher_alive() : m.job == job) chosen.push_back(std::move(m));
+  }
+  if (chosen.empty()) {
+    std::string known;
+    for (const auto& m : manifests) known += (known.empty() ? "" : ", ") + m.job;
+    throw CommandFailed(
+        kExitNoServer, (job.empty() ? socket_hint + "no job is running" : "no job '" + job + "'") +
+                           " in " + jobs_directory() +
+                           (known.empty() ? " (the launcher, scripts/muon-offload-launch, writes a "
+                                            "manifest there while a job runs)"
+                                          : " (jobs there: " + known + ")"));
+  }
+  bool all_up = true;
+  nlohmann::json docs = nlohmann::json::array();
+  for (size_t i = 0; i < chosen.size(); ++i) {
+    const auto answers =
+        ask_job(chosen[i], timeout, as_json ? std::chrono::milliseconds(0) : window);
+    for (const auto& a : answers) all_up = all_up && a.status.has_value();
+    if (as_json) {
+      nlohmann::json servers = nlohmann::json::array();
+      for (const auto& a : answers) {
+        servers.push_back(
+            {{"index", a.server.index},
+             {"socket", a.server.socket},
+             {"status", a.status ? *a.status : nlohmann::json(nullptr)},
+             {"problem", a.status ? nlohmann::json(nullptr) : nlohmann::json(no_answer_text(a))}});
+      }
+      docs.push_back({{"job", chosen[i].job},
+                      {"node_rank", chosen[i].node_rank},
+                      {"manifest", chosen[i].path},
+                      {"servers", servers}});
+    } else {
+      std::cout << (i ? "\n" : "") << format_job_status(chosen[i], answers);
+    }
+  }
+  if (as_json) std::cout << docs.dump(2) << "\n";
+  for (const auto& line : skipped)
+    std::cerr << "muon-offload: skipped a manifest: " << line << "\n";
+  if (!all_up) throw CommandFailed(1, "a server of the job does not answer (see above)");
+}
+
+}  // namespace
+
 void add_status_command(CLI::App& app) {
   struct Args {
     std::string socket;
+    std::string job;
     bool json = false;
     int64_t timeout_ms = 2000;
+    int64_t rate_window_ms = 1000;
   };
   auto args = std::make_shared<Args>();
   CLI::App* sub = app.add_subcommand(
-      "status", "Show what a running muon-offloadd is doing (clients, parameters, queue, errors)");
-  sub->add_option("--socket", args->socket,
-                  "The server's Unix socket (default: $MUON_OFFLOAD_SOCKET, else "
-                  "$XDG_RUNTIME_DIR/muon-offload/muon-offloadd.sock, else "
-                  "/tmp/muon-offload-<uid>/muon-offloadd.sock)");
+      "status",
+      "Show what a running muon-offloadd is doing (clients, parameters, queue, errors), or every "
+      "server of a job started by scripts/muon-offload-launch (--job)");
+  auto* socket_opt = sub->add_option(
+      "--socket", args->socket,
+      "The server's Unix socket (default: $MUON_OFFLOAD_SOCKET, else "
+      "$XDG_RUNTIME_DIR/muon-offload/muon-offloadd.sock, else "
+      "/tmp/muon-offload-<uid>/muon-offloadd.sock; when nothing is there, the running jobs)");
+  sub->add_option("--job", args->job,
+                  "Every server of this job (its name in the launcher's manifest, "
+                  "--job-name or $SLURM_JOB_ID): state, step rate, what is being gathered and "
+                  "for how long, the slowest rank and parameter, owners and relays")
+      ->excludes(socket_opt);
   sub->add_flag("--json", args->json, "Print the server's status JSON instead of tables");
-  sub->add_option("--timeout-ms", args->timeout_ms, "How long to keep trying to reach the server")
+  sub->add_option("--timeout-ms", args->timeout_ms, "How long to keep trying to reach a server")
       ->check(CLI::Range(int64_t{0}, int64_t{86400000}))
       ->capture_default_str();
+  sub->add_option("--rate-window-ms", args->rate_window_ms,
+                  "Job view: ask each server again after this long for its step rate (0: no rate)")
+      ->check(CLI::Range(int64_t{0}, int64_t{600000}))
+      ->capture_default_str();
   sub->callback([args] {
+    const auto timeout = std::chrono::milliseconds(args->timeout_ms);
+    const auto window = std::chrono::milliseconds(args->rate_window_ms);
+    if (!args->job.empty()) {
+      show_jobs(args->job, "", args->json, timeout, window);
+      return;
+    }
     const std::string socket = args->socket.empty() ? daemon::default_socket_path() : args->socket;
     if (socket.starts_with("tcp://")) {
       throw CommandFailed(kExitNoServer,
@@ -215,6 +264,12 @@ void add_status_command(CLI::App& app) {
     }
     std::error_code fs_ec;
     const auto kind = std::filesystem::status(socket, fs_ec).type();
+    if (args->socket.empty() && kind == std::filesystem::file_type::not_found) {
+      // No server at the default socket: the jobs the launcher runs.
+      show_jobs("", "no muon-offloadd at the default socket " + socket + " and ", args->json,
+                timeout, window);
+      return;
+    }
     if (!fs_ec && kind != std::filesystem::file_type::socket &&
         kind != std::filesystem::file_type::not_found) {
       throw CommandFailed(
@@ -225,8 +280,25 @@ void add_status_command(CLI::App& app) {
     }
     std::string text;
     try {
-      text = client::fetch_status(socket, std::chrono::milliseconds(args->timeout_ms));
+      text = client::fetch_status(socket, timeout);
     } catch (const client::ConnectionLost& e) {
+      const SocketProbe probe = probe_unix_socket(socket);
+      if (probe.state == SocketProbe::State::listening) {
+        // Alive but not answering: starting another server there would take its socket away.
+        throw CommandFailed(
+            kExitHung,
+            "muon-offloadd on '" + socket + "' is hung: a process (pid " +
+                (probe.pid > 0 ? std::to_string(probe.pid) : std::string("?")) +
+                ") listens there but did not answer status within " +
+                std::to_string(args->timeout_ms) +
+                " ms. Do not start another server on this socket. Look at its log and its "
+                "threads" +
+                (probe.pid > 0 ? " (gdb -p " + std::to_string(probe.pid) +
+                                     " -batch -ex 'thread apply all bt')"
+                               : std::string()) +
+                ", wait longer (--timeout-ms), or stop it (SIGTERM writes its --snapshot) and "
+                "restart it with --restore");
+      }
       throw CommandFailed(kExitNoServer, "no muon-offloadd answers on '" + socket +
                                              "': " + e.message() +
                                              " (is it running? start one with `muon-offloadd "
