@@ -96,8 +96,18 @@ class StepMismatch(ServerError):
 
 
 class Timeout(MuonOffloadError, TimeoutError):
-    """A wait ran past its timeout, e.g. a rank never committed its gradient (cause
-    ``timeout``)."""
+    """A wait ran past its timeout, e.g. a rank never committed its gradient, or a server hangs
+    (cause ``timeout``). The message ends with the knob that sets the wait and how to look."""
+
+    HINT = ("The wait is OffloadMuon(timeout_s=...) (Client: op_timeout_ms). A rank that never "
+            "commits or a server that hangs looks like this: see every server of the job with "
+            "`muon-offload status --job NAME` (the launcher prints the name), or one with "
+            "`muon-offload status --socket SOCKET`; raise the timeout only if steps are that slow.")
+
+    def __init__(self, message: str, code: int = MUON_ERR_TIMEOUT, error_code: int = 0,
+                 error_name: str = ""):
+        super().__init__(message if self.HINT in message else f"{message}\n{self.HINT}", code,
+                         error_code, error_name)
 
 
 class DeviceError(MuonOffloadError):
