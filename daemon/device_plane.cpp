@@ -339,9 +339,19 @@ void DevicePlane::run(NsJob& job) {
   }
   job.applied = true;
   if (job.sample_health) {
+    // The update, and what the health check rebuilds the Newton-Schulz input from: the reduced
+    // gradient (the step only read it) and the stepped momentum.
     job.update.resize(static_cast<size_t>(n));
+    job.grad.resize(static_cast<size_t>(n));
     MUON_CUDA_CHECK(cudaMemcpyAsync(job.update.data(), st.update.get(), f32_bytes(n),
                                     cudaMemcpyDeviceToHost, stream));
+    MUON_CUDA_CHECK(cudaMemcpyAsync(job.grad.data(), st.grad.get(), f32_bytes(n),
+                                    cudaMemcpyDeviceToHost, stream));
+    if (keep) {
+      job.sampled_momentum.resize(static_cast<size_t>(n));
+      MUON_CUDA_CHECK(cudaMemcpyAsync(job.sampled_momentum.data(), st.momentum.get(), f32_bytes(n),
+                                      cudaMemcpyDeviceToHost, stream));
+    }
     impl_->compute.synchronize();
   }
 }

@@ -178,19 +178,23 @@ void Scheduler::run_one(NsJob& job) {
 void Scheduler::sample_health(NsJob& job) {
   job.health.reset();
   if (!job.sample_health || !job.applied || !job.error.empty()) return;
-  // Host jobs still hold the gradient and the stepped momentum: the health check rebuilds the
-  // Newton-Schulz input from them and judges the update against that input's spectrum.
+  // Jobs hold the gradient and the stepped momentum (device jobs: copies made for the sample);
+  // the health check rebuilds the Newton-Schulz input from them and judges the update against
+  // that input's spectrum. Without them it falls back to the schedule's band.
+  const float* momentum = job.momentum != nullptr        ? job.momentum
+                          : job.sampled_momentum.empty() ? nullptr
+                                                         : job.sampled_momentum.data();
   HealthInput input;
   input.grad = job.grad.empty() ? nullptr : job.grad.data();
-  input.momentum = keeps_momentum(job) ? job.momentum : nullptr;
+  input.momentum = keeps_momentum(job) ? momentum : nullptr;
   input.momentum_options = job.options.momentum;
+  const bool have_input = input.grad != nullptr && (!keeps_momentum(job) || momentum != nullptr);
   const Precision asked = job.options.orthogonalize.precision;
   const Precision products =
       asked == Precision::backend_default ? backend_->default_precision() : asked;
   try {
-    job.health =
-        measure_numeric_health(job.update.data(), job.shape, job.options.orthogonalize, products,
-                               input.grad != nullptr ? &input : nullptr, health_buf_);
+    job.health = measure_numeric_health(job.update.data(), job.shape, job.options.orthogonalize,
+                                        products, have_input ? &input : nullptr, health_buf_);
   } catch (const std::exception&) {
     // Options and shape were validated by the backend call that just succeeded; a measurement
     // that still fails is left out rather than failing the step.

@@ -37,8 +37,10 @@ struct NsJob {
   bool sample_health = false;  ///< in: measure the update's numeric health (numeric_health.hpp)
   std::optional<NumericHealth> health;  ///< out: set when sampled and the step was applied
   /// GPU data plane: the parameter's device buffers (grad, momentum and update live there; the
-  /// host vectors above stay empty, except `update` when health is sampled). Null: host job.
+  /// host vectors above stay empty, except when health is sampled: then `update`, `grad` and
+  /// `sampled_momentum` hold copies for the check). Null: host job.
   DeviceParamState* device = nullptr;
+  std::vector<float> sampled_momentum;  ///< out (device jobs, health sampled): the new momentum
   /// out: seconds of the backend call (momentum + Newton-Schulz + scale) spent on this job; a
   /// batched call is shared among its jobs in proportion to their elements.
   double compute_seconds = 0.0;
