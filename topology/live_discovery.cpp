@@ -46,6 +46,8 @@ Machine discover_machine(const DiscoveryOptions& options) {
     } else {
       gpu.numa_node = sysfs_numa_node(options.sysfs_root, gpu.pci_bus_id);
     }
+    if (auto name = nvml.device_name(d)) gpu.model = *name;
+    if (auto memory = nvml.memory_total(d)) gpu.memory_bytes = *memory;
     if (auto fabric = nvml.fabric_info(d)) {
       gpu.fabric_cluster = fabric->cluster;
       gpu.fabric_clique = fabric->clique;

@@ -26,7 +26,9 @@ struct DiscoveryOptions {
 ///    that GPU, anything else a switch). Direct GPU links count per peer. GPUs with switch links
 ///    are marked nvswitch and linked to every other switch-connected GPU of the host with
 ///    min(own switch links, peer's switch links), as `nvidia-smi topo -m` prints NV18 on HGX;
-///  - fabric cluster UUID and clique id (GB200 NVL72) from nvmlDeviceGetGpuFabricInfo(V).
+///  - fabric cluster UUID and clique id (GB200 NVL72) from nvmlDeviceGetGpuFabricInfo(V);
+///  - the device name and total memory (nvmlDeviceGetName, nvmlDeviceGetMemoryInfo), from which
+///    the planner takes the GPU model's rates (plan/gpu_model.hpp); left empty when unavailable.
 /// NICs are not discovered (NVML does not list them). Throws BackendUnavailable when NVML cannot
 /// be loaded or initialized, DeviceError when an NVML call fails.
 Machine discover_machine(const DiscoveryOptions& options = {});

@@ -92,6 +92,8 @@ NvmlLibrary::NvmlLibrary(std::string path) : path_(path.empty() ? nvml_library_p
   get_fabric_ = symbol<nvmlDeviceGetGpuFabricInfo_fn>(handle_, "nvmlDeviceGetGpuFabricInfo");
   get_fabric_v_ = symbol<nvmlDeviceGetGpuFabricInfoV_fn>(handle_, "nvmlDeviceGetGpuFabricInfoV");
   get_numa_ = symbol<nvmlDeviceGetNumaNodeId_fn>(handle_, "nvmlDeviceGetNumaNodeId");
+  get_name_ = symbol<nvmlDeviceGetName_fn>(handle_, "nvmlDeviceGetName");
+  get_memory_ = symbol<nvmlDeviceGetMemoryInfo_fn>(handle_, "nvmlDeviceGetMemoryInfo");
 
   const nvmlReturn_t rc = init_();
   if (rc != NVML_SUCCESS) {
@@ -205,6 +207,21 @@ std::optional<FabricInfo> NvmlLibrary::fabric_info(nvmlDevice_t device) const {
                 uuid[1], uuid[2], uuid[3], uuid[4], uuid[5], uuid[6], uuid[7], uuid[8], uuid[9],
                 uuid[10], uuid[11], uuid[12], uuid[13], uuid[14], uuid[15]);
   return FabricInfo{text, static_cast<int>(clique)};
+}
+
+std::optional<std::string> NvmlLibrary::device_name(nvmlDevice_t device) const {
+  if (!get_name_) return std::nullopt;
+  char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE] = {};
+  if (get_name_(device, name, sizeof name) != NVML_SUCCESS) return std::nullopt;
+  name[sizeof name - 1] = '\0';
+  return std::string(name);
+}
+
+std::optional<int64_t> NvmlLibrary::memory_total(nvmlDevice_t device) const {
+  if (!get_memory_) return std::nullopt;
+  nvmlMemory_t memory{};
+  if (get_memory_(device, &memory) != NVML_SUCCESS || memory.total == 0) return std::nullopt;
+  return static_cast<int64_t>(memory.total);
 }
 
 std::optional<int> NvmlLibrary::numa_node(nvmlDevice_t device) const {

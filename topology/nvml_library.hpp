@@ -4,6 +4,7 @@
 // string and the file:line. A machine without NVML gets a BackendUnavailable error, never a crash.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -54,6 +55,10 @@ class NvmlLibrary {
   std::optional<FabricInfo> fabric_info(nvmlDevice_t device) const;
   /// NUMA node closest to the GPU per nvmlDeviceGetNumaNodeId; nullopt when unavailable.
   std::optional<int> numa_node(nvmlDevice_t device) const;
+  /// The device name ("NVIDIA H100 80GB HBM3") per nvmlDeviceGetName; nullopt when unavailable.
+  std::optional<std::string> device_name(nvmlDevice_t device) const;
+  /// Total device memory in bytes per nvmlDeviceGetMemoryInfo; nullopt when unavailable.
+  std::optional<int64_t> memory_total(nvmlDevice_t device) const;
 
   /// NVML's text for `rc` ("Driver Not Loaded"), or "NVML error <rc>".
   std::string error_string(nvmlReturn_t rc) const;
@@ -74,6 +79,8 @@ class NvmlLibrary {
   nvmlDeviceGetGpuFabricInfo_fn get_fabric_ = nullptr;
   nvmlDeviceGetGpuFabricInfoV_fn get_fabric_v_ = nullptr;
   nvmlDeviceGetNumaNodeId_fn get_numa_ = nullptr;
+  nvmlDeviceGetName_fn get_name_ = nullptr;
+  nvmlDeviceGetMemoryInfo_fn get_memory_ = nullptr;
 };
 
 /// "00000000:1A:00.0" or "0000:1a:00.0" -> "0000:1a:00.0" (4-digit domain, lower case).

@@ -89,6 +89,15 @@ typedef struct {
 typedef nvmlGpuFabricInfo_v2_t nvmlGpuFabricInfoV_t;
 #define nvmlGpuFabricInfo_v2 ((unsigned int)(sizeof(nvmlGpuFabricInfo_v2_t) | (2u << 24u)))
 
+#define NVML_DEVICE_NAME_V2_BUFFER_SIZE 96
+
+/// nvmlDeviceGetMemoryInfo (v1 layout), bytes.
+typedef struct nvmlMemory_st {
+  unsigned long long total;
+  unsigned long long free;
+  unsigned long long used;
+} nvmlMemory_t;
+
 // Entry points (signatures as in nvml.h). Required: nvmlInit_v2, nvmlShutdown,
 // nvmlDeviceGetCount_v2, nvmlDeviceGetHandleByIndex_v2, nvmlDeviceGetPciInfo_v3,
 // nvmlDeviceGetNvLinkState, nvmlDeviceGetNvLinkRemotePciInfo_v2. Optional (older drivers lack
@@ -111,6 +120,8 @@ typedef nvmlReturn_t (*nvmlDeviceGetGpuFabricInfo_fn)(nvmlDevice_t device,
 typedef nvmlReturn_t (*nvmlDeviceGetGpuFabricInfoV_fn)(nvmlDevice_t device,
                                                        nvmlGpuFabricInfoV_t* gpuFabricInfo);
 typedef nvmlReturn_t (*nvmlDeviceGetNumaNodeId_fn)(nvmlDevice_t device, unsigned int* node);
+typedef nvmlReturn_t (*nvmlDeviceGetName_fn)(nvmlDevice_t device, char* name, unsigned int length);
+typedef nvmlReturn_t (*nvmlDeviceGetMemoryInfo_fn)(nvmlDevice_t device, nvmlMemory_t* memory);
 
 #ifdef __cplusplus
 }

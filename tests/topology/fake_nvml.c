@@ -9,7 +9,9 @@
  *   no_driver   nvmlInit_v2 fails with NVML_ERROR_DRIVER_NOT_LOADED (also when unset)
  * Built twice: fake_nvml (everything) and, with FAKE_NVML_MINIMAL, fake_nvml_minimal, an old
  * driver without nvmlErrorString, nvmlDeviceGetNvLinkRemoteDeviceType, the fabric calls and
- * nvmlDeviceGetNumaNodeId. Loaded by the tests through the same dlopen path as the real one. */
+ * nvmlDeviceGetNumaNodeId, nvmlDeviceGetName and nvmlDeviceGetMemoryInfo. Loaded by the tests
+ * through the same dlopen path as the real one. Device names and memory sizes are as the real
+ * boards report them (H100 SXM5 80 GB, GB200, RTX A6000, L4). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +45,10 @@ static const FakeGpu kPciePairs[] = {{"00000000:1B:00.0", 0, 4, 1},
                                      {"00000000:3E:00.0", 1, 4, 2}};
 static const FakeGpu kPcie[] = {{"00000000:41:00.0", -1, 0, -1}, {"00000000:C1:00.0", -1, 0, -1}};
 
+/* What nvmlDeviceGetName and nvmlDeviceGetMemoryInfo answer on each platform. */
+static const char* g_name = NULL;
+static unsigned long long g_memory = 0;
+
 static const FakeGpu* g_gpus = NULL;
 static unsigned g_count = 0;
 static int g_fabric = 0;
@@ -70,16 +76,24 @@ nvmlReturn_t nvmlInit_v2(void) {
   if (strcmp(p, "hgx_h100") == 0) {
     g_gpus = kHgx;
     g_count = 8;
+    g_name = "NVIDIA H100 80GB HBM3";
+    g_memory = 85520809984ull;
   } else if (strcmp(p, "nvl72_node") == 0) {
     g_gpus = kNvl72Node;
     g_count = 4;
     g_fabric = 1;
+    g_name = "NVIDIA GB200";
+    g_memory = 199715979264ull;
   } else if (strcmp(p, "pcie_pairs") == 0) {
     g_gpus = kPciePairs;
     g_count = 4;
+    g_name = "NVIDIA RTX A6000";
+    g_memory = 51527024640ull;
   } else if (strcmp(p, "pcie") == 0) {
     g_gpus = kPcie;
     g_count = 2;
+    g_name = "NVIDIA L4";
+    g_memory = 24152899584ull;
   } else {
     return NVML_ERROR_UNKNOWN;
   }
@@ -199,6 +213,20 @@ nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t device, unsigned int* node) {
   if (!valid(device) || !node) return NVML_ERROR_INVALID_ARGUMENT;
   if (g_gpus[device->index].numa < 0) return NVML_ERROR_NOT_SUPPORTED;
   *node = (unsigned)g_gpus[device->index].numa;
+  return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char* name, unsigned int length) {
+  if (!valid(device) || !name || length == 0) return NVML_ERROR_INVALID_ARGUMENT;
+  if ((unsigned)snprintf(name, length, "%s", g_name) >= length) return NVML_ERROR_INSUFFICIENT_SIZE;
+  return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t* memory) {
+  if (!valid(device) || !memory) return NVML_ERROR_INVALID_ARGUMENT;
+  memory->total = g_memory;
+  memory->used = g_memory / 100;
+  memory->free = memory->total - memory->used;
   return NVML_SUCCESS;
 }
 

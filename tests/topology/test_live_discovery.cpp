@@ -83,6 +83,9 @@ TEST(LiveDiscovery, HgxH100IsOneNvswitchDomain) {
     EXPECT_TRUE(g.fabric_cluster.empty());
   }
   EXPECT_EQ(m.gpus[6].nvlink_peers.at(1), 18);
+  // The device name and memory, which the planner takes the GPU model from.
+  EXPECT_EQ(m.gpus[7].model, "NVIDIA H100 80GB HBM3");
+  EXPECT_EQ(m.gpus[7].memory_bytes, 85520809984);
   const auto d = find_domains(m);
   ASSERT_EQ(d.size(), 1u);
   EXPECT_EQ(d[0].kind, DomainKind::nvswitch);
@@ -164,6 +167,8 @@ TEST(LiveDiscovery, OldDriverWithoutOptionalEntryPoints) {
   EXPECT_FALSE(pairs.gpus[1].nvswitch);
   const Machine tray = discover("nvl72_node", MUON_FAKE_NVML_MINIMAL);
   EXPECT_TRUE(tray.gpus[0].fabric_cluster.empty());  // no fabric entry points
+  EXPECT_TRUE(hgx.gpus[0].model.empty());            // no name or memory either
+  EXPECT_EQ(hgx.gpus[0].memory_bytes, 0);
 }
 
 TEST(LiveDiscovery, ShutsNvmlDownAfterDiscovery) {
