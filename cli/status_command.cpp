@@ -40,26 +40,33 @@ std::string parameter_state(const json& p) {
   }
   if (get_or(p, "computing", false)) return "computing";
   if (p.contains("gathering_step")) {
+    const double for_s = get_or(p, "gathering_for_s", -1.0);
     return "gathering step " + std::to_string(p["gathering_step"].get<int64_t>()) +
-           ", missing ranks " + ranks_text(p.value("missing_ranks", json::array()));
+           (for_s >= 0 ? " for " + wait_text(for_s) : std::string()) + ", missing ranks " +
+           ranks_text(p.value("missing_ranks", json::array()));
   }
   return "idle";
 }
 
+// "0.8119 (expected 0.8107) @3", "0.9500 (expected 0.4100) UNHEALTHY @7".
 std::string health_text(const json& p) {
   auto it = p.find("health");
   if (it == p.end()) return "-";
   const auto& h = *it;
-  std::string s;
-  if (h.contains("orthogonality_error") && !h["orthogonality_error"].is_null()) {
+  auto number = [](const json& v) {
     char buf[32];
-    std::snprintf(buf, sizeof buf, "%.4f", h["orthogonality_error"].get<double>());
-    s = buf;
-  } else {
-    s = "n/a";
+    std::snprintf(buf, sizeof buf, "%.4f", v.get<double>());
+    return std::string(buf);
+  };
+  std::string s = h.contains("orthogonality_error") && !h["orthogonality_error"].is_null()
+                      ? number(h["orthogonality_error"])
+                      : "n/a";
+  if (h.contains("expected_error") && !h["expected_error"].is_null()) {
+    s += " (expected " + number(h["expected_error"]) + ")";
   }
   const auto bad = get_or<int64_t>(h, "nonfinite", 0);
   if (bad != 0) s += " (" + std::to_string(bad) + " non-finite)";
+  if (get_or(h, "unhealthy", false)) s += " UNHEALTHY";
   return s + " @" + std::to_string(get_or<int64_t>(h, "step", -1));
 }
 

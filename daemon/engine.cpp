@@ -34,7 +34,8 @@ Engine::Engine(asio::io_context& io, ServerConfig config, std::unique_ptr<Backen
     : io_(io),
       config_(std::move(config)),
       device_(make_device_plane(config_, backend.get())),
-      metrics_(MUON_OFFLOAD_VERSION, backend ? std::string(backend->name()) : "none"),
+      metrics_(MUON_OFFLOAD_VERSION, backend ? std::string(backend->name()) : "none",
+               config_.plan_path.empty() ? -1 : config_.server_id),
       scheduler_(
           std::move(backend),
           [this](std::vector<NsJob> jobs) {

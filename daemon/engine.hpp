@@ -110,6 +110,9 @@ class Engine {
   /// Counts the error in the metrics and sends it to `s`.
   void reply_error(const SessionPtr& s, const transport::ErrorMsg& error, uint32_t request_id = 0);
   void observe_health(const std::string& name, Param& p, const NsJob& job);
+  /// The orthogonality error above which a sample warns: --health-warn-threshold when given,
+  /// else the sample's own threshold (daemon/numeric_health.hpp).
+  double health_limit(const NumericHealth& h) const;
 
   Param& registered_param(const std::string& name, const SessionPtr& s);
   void complete_registration(const std::string& name, Param& p);

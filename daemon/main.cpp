@@ -98,8 +98,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
       ->capture_default_str();
   app.add_option("--health-warn-threshold", health_threshold,
-                 "Warn when a sampled orthogonality error exceeds this; auto: per schedule, the "
-                 "largest |s^2-1| over the band it promises (keller: 0.535)")
+                 "Warn when a sampled orthogonality error exceeds this; auto: per sample, the "
+                 "error the schedule gives that update's own input (its singular values mapped "
+                 "through the schedule) plus a rounding allowance")
       ->check([](const std::string& v) -> std::string {
         if (v == "auto") return "";
         try {

@@ -43,8 +43,10 @@ std::string shape_label(const MatrixShape& shape);
 
 class Metrics {
  public:
-  /// `version` and `backend` go into muon_offload_build_info's labels.
-  Metrics(const std::string& version, const std::string& backend);
+  /// `version` and `backend` go into muon_offload_build_info's labels. A `server_id` >= 0 (the
+  /// server's id in the job's plan) is a label of every series, server="<id>", so that the
+  /// series of a job's servers stay apart however they are scraped.
+  Metrics(const std::string& version, const std::string& backend, int server_id = -1);
 
   /// A data-plane chunk a client pushed (gradient or momentum), `bytes` on the wire.
   void chunk_received(transport::ChunkKind kind, uint64_t bytes);
@@ -52,12 +54,12 @@ class Metrics {
   void chunk_returned(transport::ChunkKind kind, uint64_t bytes);
   /// Backend time (momentum + Newton-Schulz + scale) of one parameter's step.
   void newton_schulz(const MatrixShape& shape, double seconds);
-  /// A parameter step from its first chunk to its last update handed to the sessions.
-  void step_latency(double seconds);
+  /// A parameter step of `shape` from its first chunk to its last update handed to the sessions.
+  void step_latency(const MatrixShape& shape, double seconds);
   /// A finished parameter step: "applied", "skipped" (non-finite policy skip) or "refused".
   void step_done(const std::string& outcome);
-  /// A client's step report (the time it waited for its updates).
-  void step_report(const transport::StepReport& report);
+  /// A step report of compute rank `rank` (the time it waited for its updates).
+  void step_report(const transport::StepReport& report, int rank);
   /// An error sent to a client (or to every rank of a parameter, counted once), by code.
   void error(const std::string& code);
   /// A numeric-health sample of parameter `name`.
@@ -80,18 +82,21 @@ class Metrics {
 
   std::shared_ptr<prometheus::Registry> registry_;
   std::chrono::steady_clock::time_point started_;
+  std::map<std::string, std::string> server_;  // {"server": id}, or empty; on every family
   prometheus::Family<prometheus::Counter>& chunks_received_;
   prometheus::Family<prometheus::Counter>& bytes_received_;
   prometheus::Family<prometheus::Counter>& chunks_returned_;
   prometheus::Family<prometheus::Counter>& bytes_returned_;
   prometheus::Family<prometheus::Histogram>& ns_seconds_;
-  prometheus::Histogram& step_latency_;
+  prometheus::Family<prometheus::Histogram>& step_latency_;
   prometheus::Family<prometheus::Counter>& steps_;
   prometheus::Histogram& exposed_wait_;
+  prometheus::Family<prometheus::Gauge>& last_exposed_wait_;
   prometheus::Counter& step_reports_;
   prometheus::Counter& reported_bytes_;
   prometheus::Family<prometheus::Counter>& errors_;
   prometheus::Family<prometheus::Gauge>& health_last_;
+  prometheus::Family<prometheus::Gauge>& health_threshold_;
   prometheus::Histogram& health_error_;
   prometheus::Counter& health_samples_;
   prometheus::Counter& nonfinite_;
@@ -112,9 +117,10 @@ class Metrics {
   };
   KindCounters received_{}, returned_{};
   // Label value -> metric, so that no event takes a family's lock to find its metric.
-  std::map<std::string, prometheus::Histogram*> ns_by_shape_;
+  std::map<std::string, prometheus::Histogram*> ns_by_shape_, latency_by_shape_;
+  std::map<int, prometheus::Gauge*> wait_by_rank_;
   std::map<std::string, prometheus::Counter*> steps_by_, errors_by_;
-  std::map<std::string, prometheus::Gauge*> health_by_param_;
+  std::map<std::string, prometheus::Gauge*> health_by_param_, threshold_by_param_;
 };
 
 }  // namespace muon::daemon

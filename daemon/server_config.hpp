@@ -66,8 +66,8 @@ struct ServerConfig {
   std::vector<std::string> pool_servers;
   /// Numeric health: measure every Nth update of each parameter (the 1st, N+1th, ...); 0: off.
   int64_t health_sample_every = 0;
-  /// Warn when a sampled orthogonality error exceeds this; unset: per schedule, the largest
-  /// |s^2 - 1| over the singular-value band the schedule promises (daemon/numeric_health.hpp).
+  /// Warn when a sampled orthogonality error exceeds this; unset: per sample, the error the
+  /// schedule gives that update's own input plus a rounding allowance (daemon/numeric_health.hpp).
   std::optional<double> health_warn_threshold;
 };
 

@@ -87,7 +87,7 @@ void Engine::reply_error(const SessionPtr& s, const ErrorMsg& error, uint32_t re
 
 void Engine::on_step_report(const SessionPtr& s, const Frame& f) {
   auto m = transport::decode<transport::StepReport>(f.payload);
-  metrics_.step_report(m);
+  metrics_.step_report(m, s->rank);
   reports_[s->id()] = std::move(m);
 }
 

@@ -63,15 +63,18 @@ std::string Engine::status_json() const {
     if (const auto* open = p.gathering()) {
       e["gathering_step"] = open->step();
       e["missing_ranks"] = open->missing_ranks();
+      // Since its first chunk: a long gathering is a rank that does not push or commit.
+      e["gathering_for_s"] =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - p.step_started).count();
     }
     if (p.health) {
-      json h{{"step", p.health_step}, {"nonfinite", p.health->nonfinite}};
-      if (std::isnan(p.health->orthogonality_error)) {
-        h["orthogonality_error"] = nullptr;
-      } else {
-        h["orthogonality_error"] = p.health->orthogonality_error;
-      }
-      e["health"] = std::move(h);
+      const auto number = [](double x) { return std::isnan(x) ? json(nullptr) : json(x); };
+      e["health"] = {{"step", p.health_step},
+                     {"nonfinite", p.health->nonfinite},
+                     {"orthogonality_error", number(p.health->orthogonality_error)},
+                     {"expected_error", number(p.health->expected_error)},
+                     {"threshold", number(health_limit(*p.health))},
+                     {"unhealthy", p.unhealthy}};
     }
     params.push_back(std::move(e));
   }
@@ -112,26 +115,31 @@ void Engine::refresh_metrics() {
   metrics_.set_state(st);
 }
 
+double Engine::health_limit(const NumericHealth& h) const {
+  return config_.health_warn_threshold ? *config_.health_warn_threshold : h.threshold;
+}
+
 void Engine::observe_health(const std::string& name, Param& p, const NsJob& job) {
   const NumericHealth& h = *job.health;
   metrics_.health(name, h);
   p.health = h;
   p.health_step = job.step;
-  if (!p.health_threshold) {
-    p.health_threshold = config_.health_warn_threshold
-                             ? *config_.health_warn_threshold
-                             : default_health_threshold(job.options.orthogonalize);
-  }
-  const double limit = *p.health_threshold;
+  // The threshold is the sample's own (what the schedule gives this input, plus rounding), unless
+  // --health-warn-threshold fixes one.
+  const double limit = health_limit(h);
   const bool bad = h.nonfinite > 0 || !(h.orthogonality_error <= limit);
   if (bad && !p.unhealthy) {
     // Once per episode: again only after a sample back within the threshold.
+    const std::string why =
+        config_.health_warn_threshold ? std::string("--health-warn-threshold")
+        : std::isnan(h.expected_error)
+            ? "the band of schedule " + job.options.orthogonalize.schedule + " (no input sampled)"
+            : fmt::format("schedule {} gives this input {:.4g}, plus the rounding allowance",
+                          job.options.orthogonalize.schedule, h.expected_error);
     log()->warn(
-        "parameter '{}' step {}: numeric health: orthogonality error {:.4g} (threshold {:.4g}, "
-        "||X X^T - I||_F/sqrt(m) of the unscaled Newton-Schulz output, schedule {}), {} "
-        "non-finite value(s)",
-        name, job.step, h.orthogonality_error, limit, job.options.orthogonalize.schedule,
-        h.nonfinite);
+        "parameter '{}' step {}: numeric health: orthogonality error {:.4g} above {:.4g} ({}; "
+        "||X X^T - I||_F/sqrt(m) of the unscaled Newton-Schulz output), {} non-finite value(s)",
+        name, job.step, h.orthogonality_error, limit, why, h.nonfinite);
   } else if (!bad && p.unhealthy) {
     log()->info("parameter '{}' step {}: numeric health back within the threshold ({:.4g})", name,
                 job.step, h.orthogonality_error);

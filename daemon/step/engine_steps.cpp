@@ -172,7 +172,7 @@ void Engine::finish_relayed(RelayStep step) {
   // On the GPU data plane the owner's update goes into the device buffer first, as if computed.
   if (!step.want.empty()) return_update(p, job, /*upload=*/p.device != nullptr);
   metrics_.step_done(job.applied ? "applied" : "skipped");
-  if (!step.unasked) metrics_.step_latency(seconds_since(p.step_started));
+  if (!step.unasked) metrics_.step_latency(job.shape, seconds_since(p.step_started));
   p.update = std::move(job.update);
   after_steps();
 }
@@ -195,7 +195,7 @@ void Engine::finish_jobs(std::vector<NsJob> jobs) {
     return_update(p, job, /*upload=*/false);
     metrics_.step_done(job.applied ? "applied" : "skipped");
     if (job.applied) metrics_.newton_schulz(job.shape, job.compute_seconds);
-    metrics_.step_latency(seconds_since(p.step_started));
+    metrics_.step_latency(job.shape, seconds_since(p.step_started));
     if (job.health) observe_health(job.name, p, job);
     p.grad = std::move(job.grad);
     p.update = std::move(job.update);

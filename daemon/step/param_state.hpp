@@ -67,7 +67,6 @@ struct ParamState {
   uint64_t updates_started = 0;         // steps handed to the worker (numeric-health sampling)
   std::optional<NumericHealth> health;  // last sample
   int64_t health_step = -1;             // its step
-  std::optional<double> health_threshold;
   bool unhealthy = false;  // the last sample exceeded the threshold (warned once)
   /// GPU data plane: momentum, gradient and update on the device (`momentum` above is then a
   /// host copy, refreshed for snapshots and state fetches); null on the host path.

@@ -214,11 +214,12 @@ TEST(MetricsAbuse, StatusSaysWhatIsWrongWithAPathThatIsNotAServer) {
   EXPECT_EQ(r.exit_code, 2) << r.out;
   EXPECT_NE(r.out.find("is not a socket"), std::string::npos) << r.out;
 
-  // A listener that accepts and never answers: status gives up after its timeout, exit 2.
+  // A listener that accepts and never answers: status gives up after its timeout and calls it
+  // hung (exit 3), not absent: no second server should be started on a live socket.
   const auto mute = (dir / "mute.sock").string();
   asio::io_context io;
   asio::local::stream_protocol::acceptor acceptor(io, asio::local::stream_protocol::endpoint(mute));
   r = run_cli("status --timeout-ms 300 --socket " + mute);
-  EXPECT_EQ(r.exit_code, 2) << r.out;
-  EXPECT_NE(r.out.find("no answer"), std::string::npos) << r.out;
+  EXPECT_EQ(r.exit_code, 3) << r.out;
+  EXPECT_NE(r.out.find("did not answer status within 300 ms"), std::string::npos) << r.out;
 }

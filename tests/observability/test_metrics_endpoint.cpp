@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "client/client.hpp"
 #include "daemon/server_process.hpp"
@@ -115,7 +116,10 @@ TEST(ServerMetrics, EndpointCountsChunksBytesStepsReportsErrorsAndNumericHealth)
     // Every rank wants every element back: the same chunks return.
     EXPECT_EQ(series(m, "muon_offload_chunks_returned_total{kind=\"gradient\"}"), chunks);
     EXPECT_EQ(series(m, "muon_offload_returned_bytes_total{kind=\"gradient\"}"), bytes);
-    EXPECT_EQ(series(m, "muon_offload_step_latency_seconds_count"), 2 * kSteps);
+    // Step latency by shape, the exposed wait by rank (the last report's).
+    EXPECT_EQ(series(m, "muon_offload_step_latency_seconds_count{shape=\"96x256\"}"), kSteps);
+    EXPECT_EQ(series(m, "muon_offload_step_latency_seconds_count{shape=\"64x24\"}"), kSteps);
+    EXPECT_GE(series(m, "muon_offload_client_last_exposed_wait_seconds{rank=\"0\"}"), 0.0);
     EXPECT_EQ(series(m, "muon_offload_parameter_steps_total{outcome=\"applied\"}"), 2 * kSteps);
     EXPECT_EQ(series(m, "muon_offload_newton_schulz_seconds_count{shape=\"96x256\"}"), kSteps);
     EXPECT_EQ(series(m, "muon_offload_newton_schulz_seconds_count{shape=\"64x24\"}"), kSteps);
@@ -137,6 +141,11 @@ TEST(ServerMetrics, EndpointCountsChunksBytesStepsReportsErrorsAndNumericHealth)
       const double got =
           series(m, "muon_offload_orthogonality_error{parameter=\"" + p.name + "\"}");
       EXPECT_NEAR(got, expected, 1e-4) << p.name;
+      // Its threshold: what the schedule gives this full-rank input, plus the fp32 allowance.
+      const double limit =
+          series(m, "muon_offload_orthogonality_error_threshold{parameter=\"" + p.name + "\"}");
+      EXPECT_GT(limit, got) << p.name;
+      EXPECT_LT(limit, got + 0.03) << p.name;
       // Keller's quintic leaves singular values in about [0.68, 1.13], not at 1.
       EXPECT_GT(expected, 1e-3) << p.name;
       EXPECT_LT(expected, 0.6) << p.name;
@@ -171,5 +180,28 @@ TEST(ServerMetrics, NoEndpointUnlessAPortIsGiven) {
   const uint16_t port = free_tcp_port();
   ServerProcess server(dir);  // no --metrics-port
   EXPECT_THROW(http_get(port, "/metrics"), boost::system::system_error);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ServerMetrics, AServerOfAPlanLabelsEverySeriesWithItsId) {
+  const auto dir = temp_dir();
+  const uint16_t port = free_tcp_port();
+  const auto plan = dir / "plan.json";
+  std::ofstream(plan) << R"({"schema": "muon-offload-plan/1",
+    "servers": [{"id": 0}, {"id": 1}],
+    "domains": [{"id": 0, "servers": [0, 1], "compute_ranks": [0]}],
+    "ranks": [{"rank": 0, "domain": 0}],
+    "parameters": [{"name": "w", "owner": 1, "relays": [1]}]})";
+  ServerProcess server(
+      dir, {"--plan", plan.string(), "--server-id", "1", "--metrics-port", std::to_string(port)});
+  const auto body = http_get(port, "/metrics").body;
+  const auto m = parse_metrics(body);
+  EXPECT_EQ(series(m, "muon_offload_clients_connected{server=\"1\"}"), 0.0) << body;
+  EXPECT_EQ(series(m, "muon_offload_chunks_received_total{server=\"1\",kind=\"gradient\"}"), 0.0)
+      << body;
+  // Every series, none without it.
+  for (const auto& [name, value] : m) {
+    EXPECT_NE(name.find("server=\"1\""), std::string::npos) << name;
+  }
   std::filesystem::remove_all(dir);
 }

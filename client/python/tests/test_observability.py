@@ -65,7 +65,11 @@ def test_last_step_stats_and_the_servers_histogram(server_factory):
     assert m["muon_offload_client_exposed_wait_seconds_count"] == steps
     assert m["muon_offload_client_reported_pushed_bytes_total"] == steps * bytes_per_step
     assert m['muon_offload_received_bytes_total{kind="gradient"}'] == steps * bytes_per_step
-    assert m["muon_offload_step_latency_seconds_count"] == steps * len(muon)
+    # Step latency is labelled by the parameter's shape: every step of every parameter is counted
+    # once, under its own shape.
+    latency = {k: v for k, v in m.items() if k.startswith("muon_offload_step_latency_seconds_count{")}
+    assert sum(latency.values()) == steps * len(muon)
+    assert all(v % steps == 0 for v in latency.values())
     assert m["muon_offload_clients_connected"] == 1
     opt.close()
     m = scrape_until(port, lambda m: m.get("muon_offload_clients_connected") == 0)
