@@ -33,6 +33,34 @@ std::vector<std::string> words(const std::string& line) {
   return w;
 }
 
+client::ClientConfig client_of(const std::string& socket, const std::string& name) {
+  client::ClientConfig cfg;
+  cfg.servers = {socket};
+  cfg.name = name;
+  return cfg;
+}
+
+// Registers a rows x cols parameter (every element pushed and wanted), runs steps 0 and 1 of it
+// and sends the step report of step 1.
+client::ParameterRegistration two_steps(client::Client& c, const std::string& name, int64_t rows,
+                                        int64_t cols, int salt) {
+  client::ParameterRegistration r;
+  r.name = name;
+  r.shape = {rows, cols};
+  r.push = {{0, rows * cols}};
+  r.want = {{0, rows * cols}};
+  c.register_parameters({r});
+  std::vector<float> u(static_cast<size_t>(rows * cols));
+  for (int64_t step = 0; step < 2; ++step) {
+    const auto g = test_gradient(rows * cols, step, salt);
+    c.push(r.name, step, 0, g.data(), rows * cols);
+    c.commit(r.name, step);
+    c.wait_update(r.name, step, u.data());
+  }
+  c.report_step(1);
+  return r;
+}
+
 // A Unix socket that listens and never accepts: what a wedged server looks like from outside.
 class SilentListener {
  public:
@@ -65,24 +93,8 @@ class SilentListener {
 TEST(ServerStatus, StatusCommandPrintsTheParameterTable) {
   const auto dir = temp_dir();
   ServerProcess server(dir);
-  client::ClientConfig cfg;
-  cfg.servers = {server.socket()};
-  cfg.name = "status-test";
-  client::Client c(cfg);
-  client::ParameterRegistration r;
-  r.name = "blocks.0.mlp.w1";
-  r.shape = {16, 40};
-  r.push = {{0, 640}};
-  r.want = {{0, 640}};
-  c.register_parameters({r});
-  std::vector<float> u(640);
-  for (int64_t step = 0; step < 2; ++step) {
-    const auto g = test_gradient(640, step, 0);
-    c.push(r.name, step, 0, g.data(), 640);
-    c.commit(r.name, step);
-    c.wait_update(r.name, step, u.data());
-  }
-  c.report_step(1);
+  client::Client c(client_of(server.socket(), "status-test"));
+  const auto r = two_steps(c, "blocks.0.mlp.w1", 16, 40, 0);
 
   const auto run = run_cli("status --socket " + server.socket());
   ASSERT_EQ(run.exit_code, 0) << run.out;
@@ -155,25 +167,9 @@ TEST(ServerStatus, JobViewShowsEveryServerOfTheJob) {
   ServerProcess b(dir, {}, "b");
   const std::string wedged_socket = (dir / "c.sock").string();
   SilentListener wedged(wedged_socket);
-  // Two steps of one parameter on server a, with a step report of 12.5 ms exposed wait.
-  client::ClientConfig cfg;
-  cfg.servers = {a.socket()};
-  cfg.name = "job-rank";
-  client::Client c(cfg);
-  client::ParameterRegistration r;
-  r.name = "blocks.0.attn.wq";
-  r.shape = {8, 24};
-  r.push = {{0, 192}};
-  r.want = {{0, 192}};
-  c.register_parameters({r});
-  std::vector<float> u(192);
-  for (int64_t step = 0; step < 2; ++step) {
-    const auto g = test_gradient(192, step, 1);
-    c.push(r.name, step, 0, g.data(), 192);
-    c.commit(r.name, step);
-    c.wait_update(r.name, step, u.data());
-  }
-  c.report_step(1);
+  // Two steps of one parameter on server a, and their step report.
+  client::Client c(client_of(a.socket(), "job-rank"));
+  two_steps(c, "blocks.0.attn.wq", 8, 24, 1);
 
   nlohmann::json manifest = {{"schema", "muon-offload-job/1"},
                              {"job", "j42"},
