@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """A small GPT trained character by character on the fortunes of Debian's `fortunes` package,
 with Muon offloaded to muon-offloadd (--optimizer offload), the same Muon computed in process by
-the same C++ kernels (inprocess), or AdamW alone (adamw).
+the same C++ kernels (inprocess), torch.optim.Muon with torch.optim.AdamW for the rest (torch:
+the anchor), or AdamW alone (adamw). With more than one rank the model is wrapped in
+DistributedDataParallel and the loop is DDP's for every optimizer (OffloadMuon's DDP hook sends
+the Muon gradients to the server instead of all-reducing them).
 
     # one rank, the server started for you:
     scripts/muon-offload-launch --cpu -- $(scripts/venv-python) examples/train_char_gpt.py --steps 200
@@ -121,15 +124,47 @@ class CharGPT(nn.Module):
 
 # ---- training -------------------------------------------------------------------------------
 
-def make_optimizer(args, model, world):
+class TorchMuonAdamW:
+    """torch.optim.Muon for the matrices muon_offload routes to Muon (the same rule:
+    muon_offload.routing.default_route) and torch.optim.AdamW for the rest, stepped together:
+    what users run without muon-offload."""
+
+    def __init__(self, model, args):
+        from muon_offload.routing import default_route
+        named = list(model.named_parameters())
+        muon = [p for n, p in named if default_route(n, p) == "muon"]
+        rest = [p for n, p in named if default_route(n, p) != "muon"]
+        self.muon = torch.optim.Muon(muon, lr=args.lr, momentum=0.95, nesterov=True,
+                                     weight_decay=args.weight_decay)
+        self.adamw = torch.optim.AdamW(rest, lr=args.adamw_lr, betas=(0.9, 0.95),
+                                       weight_decay=args.weight_decay)
+        self.param_groups = self.muon.param_groups + self.adamw.param_groups
+
+    def zero_grad(self, set_to_none=True):
+        self.muon.zero_grad(set_to_none)
+        self.adamw.zero_grad(set_to_none)
+
+    def step(self):
+        self.muon.step()
+        self.adamw.step()
+
+    def schedulers(self, factor):
+        return [torch.optim.lr_scheduler.LambdaLR(o, factor) for o in (self.muon, self.adamw)]
+
+
+def make_optimizer(args, model, ddp):
+    """The optimizer of --optimizer. Muon's keywords are torch.optim.Muon's for every Muon run
+    (lr, momentum 0.95, Nesterov, weight decay; the default Newton-Schulz and adjust_lr), so the
+    offloaded run and torch.optim.Muon compute the same math."""
     if args.optimizer == "adamw":
         return torch.optim.AdamW(model.parameters(), lr=args.adamw_lr, betas=(0.9, 0.95),
                                  weight_decay=args.weight_decay)
-    from muon_offload.torch import InProcessMuon, OffloadMuon
-    d = args.d_model
+    if args.optimizer == "torch":
+        return TorchMuonAdamW(model, args)
+    from muon_offload import InProcessMuon, OffloadMuon
     common = dict(lr=args.lr, momentum=0.95, nesterov=True, weight_decay=args.weight_decay,
                   adamw_lr=args.adamw_lr, adamw_betas=(0.9, 0.95), mode=args.mode,
-                  row_splits={f"blocks.{i}.qkv.weight": [d, d, d] for i in range(args.layers)})
+                  ddp=ddp)
     if args.optimizer == "offload":
         return OffloadMuon(model.named_parameters(), **common)
     return InProcessMuon(model.named_parameters(), threads=args.threads, **common)
@@ -149,10 +184,18 @@ def train(rank: int, world: int, args) -> dict:
     device = torch.device(args.device if args.device == "cpu"
                           else f"cuda:{rank % max(1, torch.cuda.device_count())}")
     model = CharGPT(len(chars), args.d_model, args.layers, args.heads, args.context).to(device)
-    opt = make_optimizer(args, model, world)
+    # DDP for more than one rank (mode shard: the optimizer all-reduces itself).
+    ddp = (torch.nn.parallel.DistributedDataParallel(model)
+           if world > 1 and args.mode == "server_reduce" else None)
+    net = ddp or model
+    opt = make_optimizer(args, model, ddp)
     warm = max(1, args.steps // 20)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warm) * (1.0 - 0.9 * s / max(1, args.steps)))
+
+    def factor(s):
+        return min(1.0, (s + 1) / warm) * (1.0 - 0.9 * s / max(1, args.steps))
+
+    scheds = (opt.schedulers(factor) if isinstance(opt, TorchMuonAdamW)
+              else [torch.optim.lr_scheduler.LambdaLR(opt, factor)])
     gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
 
     def batch(src, g):
@@ -174,10 +217,11 @@ def train(rank: int, world: int, args) -> dict:
         t0 = time.perf_counter()
         x, y = batch(train_data, gen)
         opt.zero_grad(set_to_none=True)
-        loss = model(x, y)
+        loss = net(x, y)
         loss.backward()
         t_opt = time.perf_counter()
-        if args.optimizer == "adamw" and world > 1:  # data-parallel mean of the gradients
+        if ddp is None and world > 1 and args.optimizer in ("adamw", "torch"):
+            # mode shard's runs: the data-parallel mean of the gradients by hand
             ps = [p for p in model.parameters() if p.grad is not None]
             flat = allreduce_mean_(torch.cat([p.grad.reshape(-1) for p in ps]))
             pos = 0
@@ -185,9 +229,10 @@ def train(rank: int, world: int, args) -> dict:
                 p.grad.copy_(flat[pos:pos + p.numel()].view_as(p))
                 pos += p.numel()
         opt.step()
-        sched.step()
-        if args.optimizer == "adamw":
-            exposed = time.perf_counter() - t_opt
+        for sched in scheds:
+            sched.step()
+        if args.optimizer in ("adamw", "torch"):
+            exposed = time.perf_counter() - t_opt  # all of step(): nothing overlaps it
         else:
             exposed = opt.exposed_seconds
         global_loss = allreduce_mean_(loss.detach().reshape(1).clone()).item()
@@ -209,7 +254,9 @@ def train(rank: int, world: int, args) -> dict:
     if hasattr(opt, "close"):
         opt.close()
     return {
-        "optimizer": args.optimizer, "mode": args.mode if args.optimizer != "adamw" else None,
+        "optimizer": args.optimizer,
+        "mode": args.mode if args.optimizer in ("offload", "inprocess") else None,
+        "ddp": ddp is not None,
         "world": world, "steps": args.steps, "losses": losses, "val_loss": val,
         "loss_unit": "nats/char",
         "unigram_entropy_nats": unigram_entropy(text), "vocab": len(chars),
@@ -236,7 +283,8 @@ def run_rank(rank: int, world: int, args, init: str):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--optimizer", choices=["offload", "inprocess", "adamw"], default="offload")
+    ap.add_argument("--optimizer", choices=["offload", "inprocess", "torch", "adamw"],
+                    default="offload")
     ap.add_argument("--mode", choices=["server_reduce", "shard"], default="server_reduce")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--world", type=int, default=1, help="ranks to spawn (gloo, CPU); ignored "

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The main job: a small GPT trained character by character on the fortunes of Debian's `fortunes`
-# package by 2 ranks (torch.distributed, gloo, CPU), with Muon running in a muon-offloadd server
-# (CPU backend unless a GPU is present); then the same run with in-process Muon (the same C++
-# kernels: the losses must be bitwise equal) and with AdamW alone; then a summary.
+# package by 2 ranks (torch.distributed, gloo, CPU, the model under DistributedDataParallel), with
+# Muon running in a muon-offloadd server (CPU backend unless a GPU is present); then the same run
+# with in-process Muon (the same C++ kernels: the losses must be bitwise equal), with
+# torch.optim.Muon + torch.optim.AdamW (the anchor users compare with) and with AdamW alone; then
+# a summary (loss difference offload vs torch.optim.Muon, tokens/s, optimizer time exposed).
 #
 #   scripts/demo.sh            # installs what is missing, builds, trains, summarizes
 #
@@ -46,15 +48,19 @@ LAUNCH=(scripts/muon-offload-launch --threads 1 --bin-dir "$BUILD_DIR")
 if [ "$GPU" = 1 ]; then BACKEND=cuda; else LAUNCH+=(--cpu); fi
 
 echo
-echo "== 1/3: Muon offloaded to muon-offloadd ($BACKEND backend), 2 ranks, $STEPS steps =="
+echo "== 1/4: Muon offloaded to muon-offloadd ($BACKEND backend), 2 ranks, $STEPS steps =="
 "${LAUNCH[@]}" -- "$PY" "${TRAIN[@]}" --optimizer offload --out "$OUT_DIR/offload.json"
 echo
-echo "== 2/3: the same with in-process Muon (same C++ kernels, same seed) =="
+echo "== 2/4: the same with in-process Muon (same C++ kernels, same seed) =="
 "$PY" "${TRAIN[@]}" --optimizer inprocess --out "$OUT_DIR/inprocess.json"
 echo
-echo "== 3/3: AdamW alone, for comparison =="
+echo "== 3/4: torch.optim.Muon + torch.optim.AdamW (the same math, computed by torch) =="
+"$PY" "${TRAIN[@]}" --optimizer torch --out "$OUT_DIR/torch.json"
+echo
+echo "== 4/4: AdamW alone, for comparison =="
 "$PY" "${TRAIN[@]}" --optimizer adamw --out "$OUT_DIR/adamw.json"
 T_END=$(date +%s)
 
 "$PY" scripts/demo_summary.py --backend "$BACKEND" --build-s $((T_BUILT - T0)) \
-  --total-s $((T_END - T0)) "$OUT_DIR/offload.json" "$OUT_DIR/inprocess.json" "$OUT_DIR/adamw.json"
+  --total-s $((T_END - T0)) "$OUT_DIR/offload.json" "$OUT_DIR/inprocess.json" \
+  "$OUT_DIR/torch.json" "$OUT_DIR/adamw.json"

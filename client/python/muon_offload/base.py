@@ -17,7 +17,18 @@ from .config import MuonConfig
 from .muon_param import MuonParam
 from .routing import Router, matrix_shape
 
-__all__ = ["MuonOptimizerBase", "muon_config"]
+__all__ = ["MuonOptimizerBase", "muon_config", "base_keywords"]
+
+# The constructor keywords both optimizers take and hand to MuonOptimizerBase unchanged (their
+# meaning is documented on OffloadMuon); one list, so the two classes cannot drift apart.
+BASE_KEYWORDS = ("adamw_lr", "adamw_betas", "adamw_eps", "adamw_weight_decay", "mode", "names",
+                 "route", "ddp", "process_group", "prefix")
+
+
+def base_keywords(scope: dict) -> dict:
+    """The BASE_KEYWORDS entries of ``scope`` (a subclass constructor's ``locals()``), to pass
+    on as ``super().__init__(..., **base_keywords(locals()))``. KeyError names a missing one."""
+    return {k: scope[k] for k in BASE_KEYWORDS}
 
 
 def muon_config(config: Optional[MuonConfig], args: Sequence, keywords: dict,
@@ -54,7 +65,11 @@ class MuonOptimizerBase(torch.optim.Optimizer):
     """
 
     def __init__(self, params, *, config: MuonConfig, adamw_lr, adamw_betas, adamw_eps,
-                 adamw_weight_decay, names, route, mode, process_group, prefix):
+                 adamw_weight_decay, names, route, ddp, mode, process_group, prefix):
+        """``ddp`` names the parameters when ``names`` is None (its named_parameters()); the
+        subclass attaches it (:meth:`attach_ddp`) once it can serve it."""
+        if ddp is not None and names is None:
+            names = ddp
         if mode not in ("server_reduce", "shard"):
             raise InvalidArgument(f"mode must be 'server_reduce' or 'shard', got {mode!r}")
         if adamw_lr < 0:

@@ -9,7 +9,7 @@ from typing import Callable, Optional, Tuple
 import torch
 
 from ._native import InvalidArgument, NonFiniteGradient
-from .base import MuonOptimizerBase, muon_config
+from .base import MuonOptimizerBase, base_keywords, muon_config
 from .client import local_update
 from .config import MuonConfig
 
@@ -45,12 +45,7 @@ class InProcessMuon(MuonOptimizerBase):
             del keywords[k]  # accepted so that the two classes swap freely
         config = muon_config(config, muon_args, keywords, type(self).__name__)
         self.threads = int(threads)
-        if ddp is not None and names is None:
-            names = ddp
-        super().__init__(params_or_groups, config=config, adamw_lr=adamw_lr,
-                         adamw_betas=adamw_betas, adamw_eps=adamw_eps,
-                         adamw_weight_decay=adamw_weight_decay, names=names, route=route,
-                         mode=mode, process_group=process_group, prefix=prefix)
+        super().__init__(params_or_groups, config=config, **base_keywords(locals()))
         if ddp is not None:
             self.attach_ddp(ddp)
 

@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from . import _native
 from . import plan as plan_reader
-from .base import MuonOptimizerBase, muon_config
+from .base import MuonOptimizerBase, base_keywords, muon_config
 from .client import Client
 from .config import MuonConfig
 from ._native import ConnectionLost, InvalidArgument, MuonOffloadError, NonFiniteGradient
@@ -194,12 +194,7 @@ class OffloadMuon(MuonOptimizerBase):
         self.last_step_stats: Dict[str, object] = {}
         self._device_io = False  # CUDA tensors through the library's device entry points
         self.ddp_hook_state = None
-        if ddp is not None and names is None:
-            names = ddp
-        super().__init__(params_or_groups, config=config, adamw_lr=adamw_lr,
-                         adamw_betas=adamw_betas, adamw_eps=adamw_eps,
-                         adamw_weight_decay=adamw_weight_decay, names=names, route=route,
-                         mode=mode, process_group=process_group, prefix=prefix)
+        super().__init__(params_or_groups, config=config, **base_keywords(locals()))
         # After the base class: it resolved the process group, which gives this rank's domain.
         self._assign = dict(assign or {}) or plan_targets(os.environ.get("MUON_OFFLOAD_PLAN"),
                                                           plan_rank(self._pg))

@@ -53,26 +53,37 @@ def ns_fp32(grad, ns_coefficients, ns_steps, eps, *_):
     return x
 
 
-def side_by_side(server, steps=STEPS, ours_kw=None, **kw):
-    """Trains torch.optim.Muon and muon_offload.Muon on copies of one model with the same
-    gradients; returns the max relative parameter difference over the steps. Asserts the momentum
-    buffers bitwise equal after every step. Closes its optimizer (its rank 0 session), so that
-    the next one can connect."""
-    ref, mine = make_model(), make_model()
-    t_opt = torch.optim.Muon(ref.parameters(), **kw)
-    o_opt = Muon(mine.parameters(), servers=[server.socket], **dict(kw, **(ours_kw or {})))
+def lockstep(t_model, t_opt, o_model, o_opt, steps, bound=None):
+    """Steps torch's optimizer ``t_opt`` (on ``t_model``) and ours (``o_opt`` on ``o_model``)
+    side by side over ``steps`` (the step numbers, which pick the data): each step computes the
+    gradients once, on torch's model, and copies them into ours. Asserts after every step that
+    the momentum buffers are bitwise equal and, when ``bound`` is given, that each parameter is
+    within it (relative). Returns the max relative parameter difference seen."""
     worst = 0.0
-    for s in range(steps):
+    for s in steps:
         t_opt.zero_grad()
-        loss_fn(ref, s).backward()
-        for p, q in zip(ref, mine):
+        loss_fn(t_model, s).backward()
+        for p, q in zip(t_model, o_model):
             q.grad = p.grad.clone()
         t_opt.step()
         o_opt.step()
-        for i, (p, q) in enumerate(zip(ref, mine)):
+        for i, (p, q) in enumerate(zip(t_model, o_model)):
             buf = t_opt.state[p]["momentum_buffer"]
             assert torch.equal(o_opt.momentum_buffer(q), buf), f"momentum {i} step {s}"
-            worst = max(worst, ((p - q).norm() / p.norm()).item())
+            diff = ((p - q).norm() / p.norm()).item()
+            assert bound is None or diff < bound, f"parameter {i} step {s}: {diff}"
+            worst = max(worst, diff)
+    return worst
+
+
+def side_by_side(server, steps=STEPS, ours_kw=None, **kw):
+    """Trains torch.optim.Muon and muon_offload.Muon on copies of one model with the same
+    gradients (:func:`lockstep`); returns the max relative parameter difference over the steps.
+    Closes its optimizer (its rank 0 session), so that the next one can connect."""
+    ref, mine = make_model(), make_model()
+    t_opt = torch.optim.Muon(ref.parameters(), **kw)
+    o_opt = Muon(mine.parameters(), servers=[server.socket], **dict(kw, **(ours_kw or {})))
+    worst = lockstep(ref, t_opt, mine, o_opt, range(steps))
     o_opt.close()
     return worst
 
@@ -143,16 +154,7 @@ def test_checkpoints_migrate_both_ways(server, monkeypatch):
     o_opt.load_state_dict(sd)
     for i, q in enumerate(mine):
         assert torch.equal(o_opt.momentum_buffer(q), sd["state"][i]["momentum_buffer"])
-    for s in range(5, 10):
-        t_opt.zero_grad()
-        loss_fn(ref, s).backward()
-        for p, q in zip(ref, mine):
-            q.grad = p.grad.clone()
-        t_opt.step()
-        o_opt.step()
-        for p, q in zip(ref, mine):
-            assert torch.equal(o_opt.momentum_buffer(q), t_opt.state[p]["momentum_buffer"])
-            assert ((p - q).norm() / p.norm()).item() < 1e-5
+    lockstep(ref, t_opt, mine, o_opt, range(5, 10), bound=1e-5)
     # ours -> torch
     ours_sd = o_opt.state_dict()
     for k in MuonConfig.KEYWORDS:
@@ -161,16 +163,7 @@ def test_checkpoints_migrate_both_ways(server, monkeypatch):
     back.load_state_dict(mine.state_dict())
     t2 = torch.optim.Muon(back.parameters(), **kw)
     t2.load_state_dict(ours_sd)
-    for s in range(10, 13):
-        t2.zero_grad()
-        loss_fn(back, s).backward()
-        for p, q in zip(mine, back):
-            p.grad = q.grad.clone()
-        o_opt.step()
-        t2.step()
-        for p, q in zip(mine, back):
-            assert torch.equal(o_opt.momentum_buffer(p), t2.state[q]["momentum_buffer"])
-            assert ((p - q).norm() / p.norm()).item() < 1e-5
+    lockstep(back, t2, mine, o_opt, range(10, 13), bound=1e-5)
     # A checkpoint with another momentum than the server registered is refused.
     bad = t2.state_dict()
     bad["param_groups"][0]["momentum"] = 0.5
