@@ -18,6 +18,7 @@ import torch.nn as nn
 
 import muon_offload
 from muon_offload import InvalidArgument, Muon, MuonConfig
+from muon_offload.parity import torch_newton_schulz_fp32 as ns_fp32
 
 STEPS = 60
 SHAPES = [(24, 16), (16, 40), (33, 17)]   # tall, wide, odd (the lerp kernel's scalar tail)
@@ -35,22 +36,6 @@ def loss_fn(ps, step):
     h = torch.tanh(h[:, :16] @ ps[1])                   # 8 x 40
     h = h[:, :17] @ ps[2].T                             # 8 x 33
     return (h ** 2).mean() + (h.sum(1) - 1).pow(2).mean()
-
-
-def ns_fp32(grad, ns_coefficients, ns_steps, eps, *_):
-    """torch.optim._muon._zeropower_via_newtonschulz with bfloat16 replaced by float32."""
-    a, b, c = ns_coefficients
-    x = grad.to(dtype=torch.float32, copy=True)
-    if grad.size(0) > grad.size(1):
-        x = x.T
-    x.div_(x.norm().clamp(min=eps))
-    for _ in range(ns_steps):
-        gram = x @ x.T
-        upd = torch.addmm(gram, gram, gram, beta=b, alpha=c)
-        x = torch.addmm(x, upd, x, beta=a)
-    if grad.size(0) > grad.size(1):
-        x = x.T
-    return x
 
 
 def lockstep(t_model, t_opt, o_model, o_opt, steps, bound=None):
@@ -234,3 +219,23 @@ def test_normalization_is_scale_invariant():
     tiny = G * 1e-15
     assert ns(tiny, "clamp").norm() < 1e-3 * base.norm()
     assert torch.allclose(ns(tiny), base, rtol=0, atol=1e-5)
+
+
+def test_parity_helper_is_torchs_function_in_fp32():
+    """muon_offload.parity: torch's Newton-Schulz in fp32 agrees with torch's bf16 one to bf16
+    rounding, orthogonalizes (singular values in the quintic's band around 1), and the context
+    manager puts torch's own function back on exit."""
+    import torch.optim._muon as torch_muon
+    from muon_offload.parity import torch_muon_in_fp32, torch_newton_schulz_fp32
+    g = torch.randn(24, 40, generator=torch.Generator().manual_seed(3))
+    coeffs = (3.4445, -4.7750, 2.0315)
+    ours = torch_newton_schulz_fp32(g, coeffs, 5, 1e-7)
+    theirs = torch_muon._zeropower_via_newtonschulz(g, coeffs, 5, 1e-7)
+    assert ours.dtype == torch.float32
+    assert (ours - theirs.float()).norm() / ours.norm() < 2e-2
+    s = torch.linalg.svdvals(ours.double())
+    assert s.min() > 0.6 and s.max() < 1.25, s
+    saved = torch_muon._zeropower_via_newtonschulz
+    with torch_muon_in_fp32():
+        assert torch_muon._zeropower_via_newtonschulz is torch_newton_schulz_fp32
+    assert torch_muon._zeropower_via_newtonschulz is saved
