@@ -127,7 +127,7 @@ Engine::SessionPtr Engine::session_of(int rank) const {
 bool Engine::any_computing() const {
   // Relayed steps hold no momentum here: snapshots and shutdown need not wait for them.
   return std::any_of(params_.begin(), params_.end(), [](const auto& kv) {
-    return kv.second.phase == Phase::computing && !kv.second.relayed();
+    return kv.second.phase() == Phase::computing && !kv.second.relayed();
   });
 }
 
@@ -136,14 +136,14 @@ void Engine::shutdown(std::function<void()> done) {
   shutdown_done_ = std::move(done);
   // Steps still being gathered are aborted: nothing of them reached the momentum.
   for (auto& [name, p] : params_) {
-    if (const auto* open = p.gathering()) {
-      const int64_t step = open->step();
-      drop_step(p,
-                {"shutdown",
-                 "server shutting down: step " + std::to_string(step) + " of '" + name +
-                     "' aborted, momentum untouched",
-                 name, step, -1},
-                -1);
+    if (const auto dropped = p.steps.drop()) {
+      const int64_t step = dropped->step;
+      report_dropped(p,
+                     {"shutdown",
+                      "server shutting down: step " + std::to_string(step) + " of '" + name +
+                          "' aborted, momentum untouched",
+                      name, step, -1},
+                     -1);
     }
     if (p.timer) p.timer->cancel();
   }

@@ -100,7 +100,8 @@ class Engine {
   void on_step_report(const SessionPtr& s, const transport::Frame& f);
   /// Momentum loading (a push of kind momentum). Throws InvalidArgument while a step is open.
   void load_momentum(const transport::Push& m, Param& p, std::span<const float> values);
-  /// Throws InvalidArgument when a gradient push of m.step does not follow the parameter's steps.
+  /// Throws InvalidArgument when a gradient push of m.step does not follow the parameter's steps
+  /// (StepMachine::check_step).
   void check_gradient_step(const transport::Push& m, const Param& p) const;
   /// The open step's reducer, opened on the step's first chunk (phase gathering); null (after
   /// replying peer_lost to `s`) when a contributor is lost.
@@ -138,8 +139,11 @@ class Engine {
   /// "rank 3", or "relay server 1" for a relay's rank.
   std::string rank_name(int rank) const;
   void send_update(const std::string& name, Param& p, NsJob& job);
-  void drop_step(Param& p, const transport::ErrorMsg& error,
-                 int except_rank);
+  /// A step the machine dropped (timeout, lost rank, shutdown): logged, counted, its timer
+  /// cancelled, the error sent to the parameter's ranks but `except_rank`.
+  void report_dropped(Param& p, const transport::ErrorMsg& error, int except_rank);
+  /// Arms p.timer at the machine's deadline (none: nothing); on expiry the machine says what
+  /// timed out.
   void arm_timer(const std::string& name, Param& p);
   void broadcast(const Param& p, const transport::ErrorMsg& error, int except_rank = -1);
   SessionPtr session_of(int rank) const;

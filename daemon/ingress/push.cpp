@@ -76,8 +76,8 @@ void Engine::on_push(const SessionPtr& s, const Frame& f) {
         if (!reducer) return;  // refused (a lost rank): the error went out
         reducer->begin_attempt(s->rank, m.attempt);
         reducer->add(s->rank, m.offset,
-                       Contribution{slot, dt == DType::bf16 ? TileDType::bf16 : TileDType::f32,
-                                    true, m.count});
+                     Contribution{slot, dt == DType::bf16 ? TileDType::bf16 : TileDType::f32, true,
+                                  m.count});
         metrics_.chunk_received(m.kind, bytes);
         return;
       }
@@ -122,7 +122,7 @@ void Engine::on_commit(const SessionPtr& s, const Frame& f) {
   auto m = transport::decode<transport::Commit>(f.payload);
   try {
     Param& p = registered_param(m.name, s);
-    StepReducer* reducer = p.gathering();
+    StepReducer* reducer = p.steps.gathering();
     if (!reducer || reducer->step() != m.step) {
       throw InvalidArgument("parameter '" + m.name + "': commit of step " + std::to_string(m.step) +
                             " that has no data from rank " + std::to_string(s->rank));

@@ -26,7 +26,7 @@ std::string Engine::status_json() const {
   j["stopping"] = stopping_;
   j["queued"] = scheduler_.queued();
   int64_t in_flight = 0;
-  for (const auto& [name, p] : params_) in_flight += p.phase == Phase::computing ? 1 : 0;
+  for (const auto& [name, p] : params_) in_flight += p.phase() == Phase::computing ? 1 : 0;
   j["in_flight"] = in_flight;
   auto& sessions = j["sessions"] = json::array();
   for (const auto& [id, w] : sessions_) {
@@ -49,9 +49,9 @@ std::string Engine::status_json() const {
   for (const auto& [name, p] : params_) {
     json e{{"name", name},
            {"registered", p.registered()},
-           {"phase", phase_name(p.phase)},
-           {"last_step", p.last_step},
-           {"computing", p.phase == Phase::computing}};
+           {"phase", phase_name(p.phase())},
+           {"last_step", p.last_step()},
+           {"computing", p.phase() == Phase::computing}};
     if (p.layout) {
       e["shape"] = p.layout->spec.shape.str();
       e["contributors"] = p.layout->contributors;
@@ -60,7 +60,7 @@ std::string Engine::status_json() const {
     } else if (p.pending) {
       e["missing_ranks"] = p.pending->missing_ranks();  // ranks that have not registered it
     }
-    if (const auto* open = p.gathering()) {
+    if (const auto* open = p.steps.gathering()) {
       e["gathering_step"] = open->step();
       e["missing_ranks"] = open->missing_ranks();
       // Since its first chunk: a long gathering is a rank that does not push or commit.
@@ -106,8 +106,8 @@ void Engine::refresh_metrics() {
   for (const auto& [name, p] : params_) {
     if (!p.registered()) continue;
     ++st.parameters_registered;
-    st.scheduler_in_flight += p.phase == Phase::computing ? 1 : 0;
-    st.gathering += p.phase == Phase::gathering ? 1 : 0;
+    st.scheduler_in_flight += p.phase() == Phase::computing ? 1 : 0;
+    st.gathering += p.phase() == Phase::gathering ? 1 : 0;
     st.momentum_bytes += static_cast<int64_t>(p.momentum.size() * sizeof(float));
   }
   st.scheduler_queued = static_cast<int64_t>(scheduler_.queued());

@@ -47,7 +47,7 @@ void Engine::on_register(const SessionPtr& s, const Frame& f) {
     return;
   }
   const bool fresh = it == params_.end();
-  Param& p = params_[m.name];
+  Param& p = params_.try_emplace(m.name, m.name, config_.step_timeout).first->second;
   try {
     if (!p.pending) {
       // The plan's route says who registers it here (and whether this server relays it);
@@ -64,8 +64,9 @@ void Engine::on_register(const SessionPtr& s, const Frame& f) {
     p.waiting.emplace_back(s, f.request_id);
     if (complete) {
       complete_registration(m.name, p);
-    } else if (!p.timer) {
-      arm_timer(m.name, p);
+    } else {
+      p.steps.registration_started(StepMachine::Clock::now());  // the first one starts it
+      if (!p.timer) arm_timer(m.name, p);
     }
   } catch (...) {
     if (fresh && p.waiting.empty()) params_.erase(m.name);
@@ -106,12 +107,12 @@ void Engine::complete_registration(const std::string& name, Param& p) {
         "parameter '{}' {} registered by ranks {} of this domain; registering it with its "
         "owner, server {}",
         name, shape.str(), ranks_text(p.layout->registrants, world_size_), p.relay_owner);
-    p.phase = Phase::awaiting_owner;
+    p.steps.registration_complete(/*relayed=*/true);
     relay().register_param(
         p.relay_owner, std::move(reg),
         [this, name](std::optional<ErrorMsg> error, transport::RegisterOk ok) {
           auto it = params_.find(name);
-          if (it == params_.end() || it->second.phase != Phase::awaiting_owner) return;
+          if (it == params_.end() || it->second.phase() != Phase::awaiting_owner) return;
           Param& q = it->second;
           if (error) {
             log()->warn("parameter '{}': the owner refused the relay's registration: {}", name,
@@ -123,8 +124,7 @@ void Engine::complete_registration(const std::string& name, Param& p) {
             params_.erase(it);
             return;
           }
-          q.phase = Phase::idle;
-          q.last_step = ok.last_step;
+          q.steps.owner_registered(ok.last_step);
           answer_registration(q);
         },
         // What the owner says outside the answers to forwarded steps (unasked updates for a
@@ -137,7 +137,7 @@ void Engine::complete_registration(const std::string& name, Param& p) {
     const auto rs = matrix_shape_from_dims(r->second.shape, name);
     if (rs.batch == shape.batch && rs.rows == shape.rows && rs.cols == shape.cols) {
       p.momentum = r->second.momentum;
-      p.last_step = r->second.last_step;
+      p.steps.record_step(r->second.last_step);
     } else {
       log()->warn("snapshot holds '{}' as {} but it was registered as {}: starting from zero", name,
                   rs.str(), shape.str());
@@ -146,19 +146,19 @@ void Engine::complete_registration(const std::string& name, Param& p) {
   if (device_) {
     const bool keeps = p.layout->spec.options.momentum.convention != MomentumConvention::none;
     p.device = device_->make_param(shape.numel(), keeps);
-    if (keeps && p.last_step >= 0) {
+    if (keeps && p.last_step() >= 0) {
       device_->write_momentum(*p.device, 0, p.momentum.data(), shape.numel());
     }
   }
   log()->info("parameter '{}' {} registered by ranks {}, {} contributor(s) per element", name,
               shape.str(), ranks_text(p.layout->registrants, world_size_), p.layout->contributors);
-  p.phase = Phase::idle;
+  p.steps.registration_complete(/*relayed=*/false);
   p.waiting = std::move(waiting);
   answer_registration(p);
 }
 
 void Engine::answer_registration(Param& p) {
-  const transport::RegisterOk ok{p.layout->spec.name, p.layout->contributors, p.last_step};
+  const transport::RegisterOk ok{p.layout->spec.name, p.layout->contributors, p.last_step()};
   auto waiting = std::move(p.waiting);
   p.waiting.clear();
   for (auto& [w, req] : waiting) {
@@ -167,7 +167,8 @@ void Engine::answer_registration(Param& p) {
 }
 
 void Engine::release_reregistrations(Param& p) {
-  if (p.phase == Phase::awaiting_owner) return;  // the owner answers first (complete_registration)
+  if (p.phase() == Phase::awaiting_owner)
+    return;  // the owner answers first (complete_registration)
   for (int r : p.layout->registrants) {
     if (!session_of(r)) return;
   }

@@ -14,11 +14,8 @@ using transport::Frame;
 using transport::MessageType;
 
 void Engine::load_momentum(const transport::Push& m, Param& p, std::span<const float> values) {
-  if (p.phase != Phase::idle) {
-    throw InvalidArgument("cannot load the momentum of '" + m.name + "' while step is in progress");
-  }
-  if (p.relayed()) {  // the owner keeps it: forwarded, in order with the steps
-    p.last_step = m.step;
+  p.steps.load(m.step);  // throws while a step is open
+  if (p.relayed()) {     // the owner keeps it: forwarded, in order with the steps
     relay().forward_momentum(p.relay_owner, m.name, m.step, m.offset,
                              {values.begin(), values.end()}, [this, name = m.name](ErrorMsg error) {
                                auto it = params_.find(name);
@@ -31,7 +28,6 @@ void Engine::load_momentum(const transport::Push& m, Param& p, std::span<const f
     device_->write_momentum(*p.device, m.offset, values.data(), m.count);
   }
   std::memcpy(p.momentum.data() + m.offset, values.data(), values.size_bytes());
-  p.last_step = m.step;
 }
 
 const std::vector<float>& Engine::host_momentum(Param& p) {
@@ -46,7 +42,7 @@ void Engine::write_snapshot_now(const std::string& path) {
   std::vector<SnapshotEntry> entries;
   for (auto& [name, p] : params_) {
     if (!p.registered() || p.relayed()) continue;  // a relayed momentum is its owner's
-    entries.push_back({name, dims_of(p.layout->spec.shape), p.last_step, p.layout->spec.options,
+    entries.push_back({name, dims_of(p.layout->spec.shape), p.last_step(), p.layout->spec.options,
                        host_momentum(p)});
   }
   write_snapshot(path, entries);
@@ -81,7 +77,7 @@ void Engine::on_state_fetch(const SessionPtr& s, const Frame& f) {
   Param* pp = nullptr;
   try {
     pp = &registered_param(m.name, s);
-    if (pp->phase == Phase::computing) {
+    if (pp->phase() == Phase::computing) {
       throw InvalidArgument("parameter '" + m.name +
                             "': momentum requested while a step is computing");
     }
@@ -108,7 +104,7 @@ void Engine::on_state_fetch(const SessionPtr& s, const Frame& f) {
         });
     return;
   }
-  send_momentum(s, m.name, p.last_step, host_momentum(p).data(), n);
+  send_momentum(s, m.name, p.last_step(), host_momentum(p).data(), n);
 }
 
 }  // namespace muon::daemon

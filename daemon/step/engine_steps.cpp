@@ -1,4 +1,4 @@
-// The per-parameter step machine (phases: step/param_state.hpp): step checks, the open step and
+// The Engine's side of the step machine (step/step_machine.hpp): the open step and
 // its deadline, the hand-off to the worker (owned) or the owner (relayed), the results coming
 // back, lost ranks and dropped steps.
 #include "daemon/engine.hpp"
@@ -23,46 +23,12 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-const char* phase_name(Phase phase) {
-  switch (phase) {
-    case Phase::registering:
-      return "registering";
-    case Phase::awaiting_owner:
-      return "awaiting_owner";
-    case Phase::idle:
-      return "idle";
-    case Phase::gathering:
-      return "gathering";
-    case Phase::computing:
-      return "computing";
-  }
-  return "unknown";
-}
-
 void Engine::check_gradient_step(const transport::Push& m, const Param& p) const {
-  if (p.phase == Phase::computing) {
-    throw InvalidArgument("parameter '" + m.name + "': step " + std::to_string(m.step) +
-                          " pushed while step " + std::to_string(p.last_step + 1) +
-                          " is still being computed");
-  }
-  if (p.last_step >= 0 && m.step <= p.last_step) {
-    throw InvalidArgument("parameter '" + m.name + "': step " + std::to_string(m.step) +
-                          " was already applied (last applied step " + std::to_string(p.last_step) +
-                          ")");
-  }
-  if (p.last_step >= 0 && m.step > p.last_step + 1) {
-    throw InvalidArgument("parameter '" + m.name + "': step gap: got step " +
-                          std::to_string(m.step) + ", expected " + std::to_string(p.last_step + 1));
-  }
-  if (const auto* open = p.gathering(); open && open->step() != m.step) {
-    throw InvalidArgument("parameter '" + m.name + "': step " + std::to_string(m.step) +
-                          " pushed while step " + std::to_string(open->step()) +
-                          " is being gathered");
-  }
+  p.steps.check_step(m.step);
 }
 
 StepReducer* Engine::start_gathering(const SessionPtr& s, const transport::Push& m, Param& p) {
-  if (auto* open = p.gathering()) return open;
+  if (auto* open = p.steps.gathering()) return open;
   // A step that needs a lost rank can never complete: say so now, not at the timeout.
   for (const auto& [lost, what] : lost_ranks_) {
     if (contributes(*p.layout, lost)) {
@@ -73,23 +39,19 @@ StepReducer* Engine::start_gathering(const SessionPtr& s, const transport::Push&
       return nullptr;
     }
   }
-  if (p.reducer) {
-    p.reducer->restart(m.step);
-  } else {
-    p.reducer.emplace(
-        *p.layout, m.step,
-        p.device ? device_->make_contribution_store() : make_host_contribution_store());
-  }
-  p.phase = Phase::gathering;
-  p.step_started = std::chrono::steady_clock::now();
+  const auto now = StepMachine::Clock::now();
+  StepReducer& reducer = p.steps.open(m.step, *p.layout, now, [&] {
+    return p.device ? device_->make_contribution_store() : make_host_contribution_store();
+  });
+  p.step_started = now;
   arm_timer(m.name, p);
-  return &*p.reducer;
+  return &reducer;
 }
 
 void Engine::start_compute(const std::string& name, Param& p) {
   if (p.timer) p.timer->cancel();
   p.timer.reset();
-  StepReducer& reducer = *p.gathering();
+  StepReducer& reducer = *p.steps.gathering();
   NsJob job;
   job.name = name;
   job.step = reducer.step();
@@ -113,7 +75,7 @@ void Engine::start_compute(const std::string& name, Param& p) {
     }
     step.push = covered(*p.layout, &RankRanges::push);
     step.want = covered(*p.layout, &RankRanges::want);
-    p.phase = Phase::computing;
+    p.steps.start_computing();
     relay().forward(std::move(step), [this](RelayStep done) { finish_relayed(std::move(done)); });
     return;
   }
@@ -130,8 +92,8 @@ void Engine::start_compute(const std::string& name, Param& p) {
       job.options.momentum.convention == MomentumConvention::none ? nullptr : p.momentum.data();
   const auto every = static_cast<uint64_t>(std::max<int64_t>(config_.health_sample_every, 0));
   job.sample_health = every > 0 && p.updates_started % every == 0;
+  p.steps.start_computing();
   ++p.updates_started;
-  p.phase = Phase::computing;
   scheduler_.submit(std::move(job));
 }
 
@@ -140,21 +102,24 @@ void Engine::finish_relayed(RelayStep step) {
   if (it == params_.end() || !it->second.registered()) return;
   Param& p = it->second;
   if (step.resync) {  // registered again with an owner that restarted
-    if (p.last_step != step.step) {
+    if (p.last_step() != step.step) {
       log()->warn("parameter '{}': its owner restarted at last applied step {} (this relay had {})",
-                  step.name, step.step, p.last_step);
+                  step.name, step.step, p.last_step());
     }
-    p.last_step = step.step;
+    p.steps.record_step(step.step);
     return;
   }
+  // The owner consumed a refused step (non-finite, backend) as its own; a dropped one (a lost
+  // peer, a timeout) may be pushed again.
+  const bool consumed =
+      !step.error || step.error->code == "non_finite" || step.error->code == "backend";
   if (!step.unasked) {  // the answer to this relay's forward
-    if (p.phase == Phase::computing) p.phase = Phase::idle;
+    p.steps.finish(step.step, consumed);
     p.grad = std::move(step.grad);
+  } else if (consumed) {
+    p.steps.record_step(step.step);
   }
   if (step.error) {
-    // The owner consumed a refused step (non-finite, backend) as its own; a dropped one (a lost
-    // peer, a timeout) may be retried.
-    if (step.error->code == "non_finite" || step.error->code == "backend") p.last_step = step.step;
     log()->warn("parameter '{}' step {}: {}", step.name, step.step, step.error->message);
     metrics_.error(step.error->code);
     metrics_.step_done("refused");
@@ -162,7 +127,6 @@ void Engine::finish_relayed(RelayStep step) {
     after_steps();
     return;
   }
-  p.last_step = step.step;
   NsJob job;
   job.name = step.name;
   job.step = step.step;
@@ -182,8 +146,7 @@ void Engine::finish_jobs(std::vector<NsJob> jobs) {
     auto it = params_.find(job.name);
     if (it == params_.end()) continue;
     Param& p = it->second;
-    p.phase = Phase::idle;
-    p.last_step = job.step;
+    p.steps.finish(job.step, /*consumed=*/true);  // applied, skipped or refused
     if (!job.error.empty()) {
       log()->warn("parameter '{}' step {}: {}", job.name, job.step, job.error);
       metrics_.error(job.error_code);
@@ -225,15 +188,16 @@ void Engine::after_steps() {
 }
 
 void Engine::arm_timer(const std::string& name, Param& p) {
-  p.timer = std::make_unique<asio::steady_timer>(io_, config_.step_timeout);
-  const int64_t step = p.gathering() ? p.gathering()->step() : -1;
-  p.timer->async_wait([this, name, step](boost::system::error_code ec) {
+  if (!p.steps.deadline()) return;
+  p.timer = std::make_unique<asio::steady_timer>(io_, *p.steps.deadline());
+  p.timer->async_wait([this, name](boost::system::error_code ec) {
     if (ec) return;  // cancelled
     auto it = params_.find(name);
     if (it == params_.end()) return;
     Param& q = it->second;
-    const auto ms = std::to_string(config_.step_timeout.count());
-    if (q.phase == Phase::registering) {
+    const auto now = StepMachine::Clock::now();
+    const auto ms = std::to_string(q.steps.timeout().count());
+    if (q.steps.expire_registration(now)) {
       const auto missing = q.pending->missing_ranks();
       const std::string msg = "registration of '" + name + "' incomplete after " + ms +
                               " ms: ranks " + ranks_text(missing, world_size_) +
@@ -245,25 +209,25 @@ void Engine::arm_timer(const std::string& name, Param& p) {
       }
       return;
     }
-    if (const auto* open = q.gathering(); open && open->step() == step && !open->complete()) {
-      const auto missing = open->missing_ranks();
-      drop_step(q,
-                {"timeout",
-                 "parameter '" + name + "' step " + std::to_string(step) + ": ranks " +
-                     ranks_text(missing, world_size_) + " did not commit within " + ms +
-                     " ms; partial step dropped, momentum untouched",
-                 name, step, missing.empty() ? -1 : missing.front()},
-                -1);
+    if (const auto dropped = q.steps.expire_step(now)) {
+      const auto& missing = dropped->missing;
+      report_dropped(
+          q,
+          {"timeout",
+           "parameter '" + name + "' step " + std::to_string(dropped->step) + ": ranks " +
+               ranks_text(missing, world_size_) + " did not commit within " + ms +
+               " ms; partial step dropped, momentum untouched",
+           name, dropped->step, missing.empty() ? -1 : missing.front()},
+          -1);
     }
   });
 }
 
-void Engine::drop_step(Param& p, const ErrorMsg& error, int except_rank) {
+void Engine::report_dropped(Param& p, const ErrorMsg& error, int except_rank) {
   log()->warn("{}", error.message);
   metrics_.error(error.code);
   if (p.timer) p.timer->cancel();
   p.timer.reset();
-  if (p.phase == Phase::gathering) p.phase = Phase::idle;
   broadcast(p, error, except_rank);
 }
 
@@ -284,13 +248,11 @@ void Engine::on_closed(const SessionPtr& s, const std::string& why) {
       auto ws = w.first.lock();
       return !ws || ws == s;
     });
-    const auto* open = p.gathering();
-    if (rank < 0 || stopping_ || !open) continue;
-    if (!contributes(*p.layout, rank)) continue;
-    const auto missing = open->missing_ranks();
-    if (std::find(missing.begin(), missing.end(), rank) == missing.end()) continue;
-    const int64_t step = open->step();
-    drop_step(
+    if (rank < 0 || stopping_) continue;
+    const auto dropped = p.steps.lose(rank);
+    if (!dropped) continue;
+    const int64_t step = dropped->step;
+    report_dropped(
         p,
         {"peer_lost",
          rank_name(rank) + " (" + s->client_name + ") " +

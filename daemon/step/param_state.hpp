@@ -1,20 +1,6 @@
-// One registered parameter as the server's step machine holds it: its phase, its registration,
-// its layout and role, its step buffers, and what the observers read (numeric health).
-//
-// Phases and their transitions (daemon/step/engine_steps.cpp; io thread only):
-//
-//   registering --all registrants--> idle            (owned)
-//   registering --all registrants--> awaiting_owner  (relayed) --owner's register_ok--> idle
-//   idle      --first chunk of step s--> gathering
-//   gathering --every contributor committed--> computing   (handed to the worker, or forwarded
-//                                                           to the owner)
-//   gathering --timeout | contributor lost | shutdown--> idle   (drop_step: momentum untouched)
-//   computing --update or refusal back--> idle        (last_step = s; a relayed step dropped by
-//                                                      its owner leaves last_step)
-//   registering / awaiting_owner --refused--> (the parameter is forgotten)
-//
-// Issue 17 (failover) adds computing --owner lost--> computing (the step in flight re-pushed to
-// a new owner) on the relayed role; nothing here assumes the owner is fixed for a step.
+// One parameter as the server holds it: its step machine (phase, last step, the open step's
+// reducer and deadline: daemon/step/step_machine.hpp), its registration, layout and role, its
+// buffers, and what the observers read (numeric health).
 #pragma once
 
 #include <chrono>
@@ -29,28 +15,19 @@
 #include "daemon/numeric_health.hpp"
 #include "daemon/parameter.hpp"
 #include "daemon/registration.hpp"
-#include "daemon/step_reducer.hpp"
+#include "daemon/step/step_machine.hpp"
 #include "transport/asio.hpp"
 
 namespace muon::daemon {
 
 class Session;
 
-/// Where a parameter is in its life on this server (see the diagram above).
-enum class Phase {
-  registering,     ///< registrations being collected (`pending`)
-  awaiting_owner,  ///< relayed: complete here, the owner's register_ok is owed
-  idle,            ///< registered, no step open
-  gathering,       ///< a step's contributions being reduced (`reducer`)
-  computing,       ///< the reduced step is with the worker, or forwarded to the owner
-};
-
-/// "registering", "awaiting_owner", "idle", "gathering", "computing".
-const char* phase_name(Phase phase);
-
 struct ParamState {
-  Phase phase = Phase::registering;
-  std::optional<PendingRegistration> pending;  // while registering
+  ParamState(std::string name, std::chrono::milliseconds step_timeout)
+      : steps(std::move(name), step_timeout) {}
+
+  StepMachine steps;
+  std::optional<PendingRegistration> pending;                        // while registering
   std::vector<std::pair<std::weak_ptr<Session>, uint32_t>> waiting;  // register_ok owed
   std::optional<ParameterLayout> layout;                             // once registered
   /// The owner's server id when this server relays the parameter for its domain (the plan's
@@ -58,11 +35,8 @@ struct ParamState {
   /// here); -1 when this server owns it. Set while registering, fixed after.
   int relay_owner = -1;
   std::vector<float> momentum;
-  int64_t last_step = -1;
-  /// One per parameter, reused every step; the open step's while gathering.
-  std::optional<StepReducer> reducer;
-  std::vector<float> grad, update;  // recycled through each step's job
-  std::unique_ptr<boost::asio::steady_timer> timer;    // registration or step deadline
+  std::vector<float> grad, update;                     // recycled through each step's job
+  std::unique_ptr<boost::asio::steady_timer> timer;    // at steps.deadline()
   std::chrono::steady_clock::time_point step_started;  // first chunk of the step gathered
   uint64_t updates_started = 0;         // steps handed to the worker (numeric-health sampling)
   std::optional<NumericHealth> health;  // last sample
@@ -72,13 +46,10 @@ struct ParamState {
   /// host copy, refreshed for snapshots and state fetches); null on the host path.
   DeviceParamPtr device;
 
-  bool registered() const { return phase != Phase::registering; }
+  Phase phase() const { return steps.phase(); }
+  bool registered() const { return phase() != Phase::registering; }
   bool relayed() const { return relay_owner >= 0; }
-  /// The step being gathered, or null.
-  StepReducer* gathering() { return phase == Phase::gathering ? &*reducer : nullptr; }
-  const StepReducer* gathering() const {
-    return phase == Phase::gathering ? &*reducer : nullptr;
-  }
+  int64_t last_step() const { return steps.last_step(); }
 };
 
 }  // namespace muon::daemon
