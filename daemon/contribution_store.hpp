@@ -46,7 +46,8 @@ class ContributionStore {
   virtual void read(size_t rank, int64_t at, float* out, int64_t n, bool add) = 0;
 };
 
-/// Buffers in host memory (std::vector per rank); moves are memcpy and plain fp32 adds.
+/// Buffers in host memory (std::vector per rank); every move is reduce_tiles_host, the reference
+/// the device kernels are tested against.
 std::unique_ptr<ContributionStore> make_host_contribution_store();
 
 }  // namespace muon::daemon
