@@ -44,6 +44,7 @@
 namespace muon::daemon {
 
 class StepReducer;
+class StepRunner;
 struct NsJob;
 
 /// Start-up settings of the GPU data plane (flags of muon-offloadd).
@@ -103,12 +104,10 @@ class DevicePlane {
   void write_update(DeviceParamState& param, const float* in);
 
   // ---- the worker thread ---------------------------------------------------------------------
-  /// Runs job's Muon step on the compute stream and waits for it: momentum and update in
-  /// job.device, the outcome in job.applied / job.error / job.error_code / job.compute_seconds
-  /// as the host scheduler sets them (non_finite under policy error; skipped under skip; a
-  /// diverged Newton-Schulz is "backend"; the momentum is untouched whenever the step is refused).
-  /// When job.sample_health, the update is also copied into job.update for the host sampler.
-  void run(NsJob& job);
+  /// The Scheduler's runner for jobs on this plane (NsJob::device): the Muon step on the compute
+  /// stream, same-shape batches in one call (daemon/step/step_runner.hpp). Use it on one thread
+  /// (the worker's); destroy it before the plane. Throws DeviceError.
+  std::unique_ptr<StepRunner> step_runner();
 
   // ---- sessions on the cuda_ipc plane (io thread) --------------------------------------------
   /// A receive ring (tx, client -> server) and a result ring (rx) of the given slots, exported.

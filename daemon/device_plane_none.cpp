@@ -1,6 +1,7 @@
 // The GPU data plane in a build without CUDA: it cannot be created (device_plane.hpp).
 #include "core/error.hpp"
 #include "daemon/device_plane.hpp"
+#include "daemon/step/step_runner.hpp"
 
 namespace muon::daemon {
 
@@ -53,7 +54,7 @@ void DevicePlane::read_grad(DeviceParamState&, float*) {
 void DevicePlane::write_update(DeviceParamState&, const float*) {
   unavailable();
 }
-void DevicePlane::run(NsJob&) {
+std::unique_ptr<StepRunner> DevicePlane::step_runner() {
   unavailable();
 }
 DeviceRingsPtr DevicePlane::make_session_rings(uint32_t, uint32_t, uint64_t) {

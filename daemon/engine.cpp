@@ -42,7 +42,7 @@ Engine::Engine(asio::io_context& io, ServerConfig config, std::unique_ptr<Backen
             asio::post(io_,
                        [this, jobs = std::move(jobs)]() mutable { finish_jobs(std::move(jobs)); });
           },
-          device_.get()) {
+          device_ ? device_->step_runner() : nullptr) {
   if (!config_.restore_path.empty()) {
     for (auto& e : read_snapshot(config_.restore_path)) {
       log()->info("restored momentum of '{}' (last step {}) from {}", e.name, e.last_step,

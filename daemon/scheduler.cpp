@@ -20,17 +20,7 @@ bool same_bits(double a, double b) {
   return std::memcmp(&a, &b, sizeof a) == 0;
 }
 
-bool all_finite(const std::vector<float>& x) {
-  bool ok = true;
-  for (float v : x) ok &= is_finite_bits(v);
-  return ok;
-}
-
-bool keeps_momentum(const NsJob& job) {
-  return job.options.momentum.convention != MomentumConvention::none;
-}
-
-// Records a refused step: no update, momentum untouched by construction (see run_*).
+// Records a refused step: no update, momentum untouched (never committed).
 void fail(NsJob& job, std::string code, std::string message) {
   job.applied = false;
   job.update.clear();
@@ -71,10 +61,12 @@ bool same_options(const MuonOptions& a, const MuonOptions& b) {
 }
 
 Scheduler::Scheduler(std::unique_ptr<Backend> backend,
-                     std::function<void(std::vector<NsJob>)> on_done, DevicePlane* device_plane)
-    : backend_(std::move(backend)), device_plane_(device_plane), on_done_(std::move(on_done)) {
+                     std::function<void(std::vector<NsJob>)> on_done,
+                     std::unique_ptr<StepRunner> runner)
+    : backend_(std::move(backend)), runner_(std::move(runner)), on_done_(std::move(on_done)) {
   if (!backend_) throw InvalidArgument("scheduler: backend is null");
   if (!on_done_) throw InvalidArgument("scheduler: on_done is empty");
+  if (!runner_) runner_ = make_host_step_runner(*backend_);
   worker_ = std::thread([this] { run(); });
 }
 
@@ -137,41 +129,23 @@ void Scheduler::run() {
       }
     }
     for (auto& grp : groups) {
-      run_batch(grp);
+      run_group(grp);
       // on_done must not throw: an exception escaping the worker thread terminates the process.
       on_done_(std::move(grp));
     }
   }
 }
 
-void Scheduler::run_one(NsJob& job) {
+void Scheduler::run_alone(NsJob& job) {
   job.error.clear();
   job.error_code.clear();
-  const int64_t n = job.shape.numel();
-  if (job.shape.batch <= 0 || job.shape.rows <= 0 || job.shape.cols <= 0 ||
-      static_cast<int64_t>(job.grad.size()) != n) {
-    fail(job, "bad_request",
-         "parameter '" + job.name + "' step " + std::to_string(job.step) + ": gradient holds " +
-             std::to_string(job.grad.size()) + " values, shape " + job.shape.str() + " needs " +
-             std::to_string(std::max<int64_t>(n, 0)));
-    return;
-  }
-  job.update.resize(static_cast<size_t>(n));
-  // The momentum is stepped in a copy and written back only on success: a backend may throw after
-  // the momentum step (e.g. an option only detected inside Newton-Schulz), and a refused step must
-  // leave the momentum untouched.
-  float* momentum = nullptr;
-  if (keeps_momentum(job) && job.momentum != nullptr) {
-    momentum_buf_.assign(job.momentum, job.momentum + n);
-    momentum = momentum_buf_.data();
-  }
+  NsJob* one[] = {&job};
   const auto t0 = std::chrono::steady_clock::now();
   const bool ok = guarded(job, [&] {
-    job.applied = backend_->muon_update(job.name, job.shape, job.grad.data(), momentum,
-                                        job.update.data(), job.options);
+    job.applied = runner_->run(one);
+    runner_->commit(one);
   });
   job.compute_seconds = seconds_since(t0);
-  if (ok && momentum != nullptr) std::copy(momentum, momentum + n, job.momentum);
   if (ok) sample_health(job);
 }
 
@@ -201,78 +175,37 @@ void Scheduler::sample_health(NsJob& job) {
   }
 }
 
-void Scheduler::run_batch(std::vector<NsJob>& jobs) {
-  if (!jobs.empty() && jobs.front().device != nullptr) {  // GPU data plane: each on the device
-    for (auto& job : jobs) {
-      if (device_plane_ == nullptr) {
-        fail(job, "backend", "parameter '" + job.name + "': device job on a host scheduler");
-        continue;
-      }
-      guarded(job, [&] { device_plane_->run(job); });
-      sample_health(job);
-    }
-    return;
-  }
-  // Jobs that cannot share one backend call run alone: a wrong gradient size or missing momentum
-  // (refused alone, without touching other buffers) and a non-finite gradient (its error or skip
-  // must not spread to the others: under the skip policy a batched call would zero every update).
+void Scheduler::run_group(std::vector<NsJob>& jobs) {
   std::vector<NsJob*> batch;
   for (auto& job : jobs) {
-    const bool fits = job.shape.batch > 0 && job.shape.rows > 0 && job.shape.cols > 0 &&
-                      static_cast<int64_t>(job.grad.size()) == job.shape.numel() &&
-                      (!keeps_momentum(job) || job.momentum != nullptr) && all_finite(job.grad);
-    if (fits) {
+    if (runner_->batchable(job)) {
       batch.push_back(&job);
     } else {
-      run_one(job);
+      run_alone(job);
     }
   }
-  if (batch.size() == 1) run_one(*batch.front());
+  if (batch.size() == 1) run_alone(*batch.front());
   if (batch.size() <= 1) return;
-
-  // One backend call over the concatenation [sum of batches, rows, cols]. The backend treats each
-  // slice independently, so every job gets bitwise what it would get alone.
-  const NsJob& first = *batch.front();
-  const int64_t slice = first.shape.rows * first.shape.cols;
-  int64_t total = 0;
-  for (const NsJob* j : batch) total += j->shape.batch;
-  const bool momentum = keeps_momentum(first);
-  grad_buf_.resize(static_cast<size_t>(total * slice));
-  update_buf_.resize(static_cast<size_t>(total * slice));
-  momentum_buf_.resize(momentum ? static_cast<size_t>(total * slice) : 0);
-  int64_t at = 0;
-  for (const NsJob* j : batch) {
-    const int64_t n = j->shape.numel();
-    std::copy(j->grad.begin(), j->grad.end(), grad_buf_.begin() + at);
-    if (momentum) std::copy(j->momentum, j->momentum + n, momentum_buf_.begin() + at);
-    at += n;
-  }
-  const MatrixShape shape{total, first.shape.rows, first.shape.cols};
-  const std::string name = first.name + " (+" + std::to_string(batch.size() - 1) + " batched)";
   bool applied = false;
   const auto t0 = std::chrono::steady_clock::now();
   try {
-    applied = backend_->muon_update(name, shape, grad_buf_.data(),
-                                    momentum ? momentum_buf_.data() : nullptr, update_buf_.data(),
-                                    first.options);
+    applied = runner_->run(batch);
+    runner_->commit(batch);
   } catch (...) {
-    // Nothing was written to the jobs' buffers yet: run each alone, so that only the bad one
-    // fails and every error names its own parameter.
-    for (NsJob* j : batch) run_one(*j);
+    // Nothing a job keeps was committed: run each alone, so that only the bad one fails and
+    // every error names its own parameter.
+    for (NsJob* j : batch) run_alone(*j);
     return;
   }
   const double seconds = seconds_since(t0);
-  at = 0;
+  int64_t total = 0;
+  for (const NsJob* j : batch) total += j->shape.numel();
   for (NsJob* j : batch) {
-    const int64_t n = j->shape.numel();
     j->error.clear();
     j->error_code.clear();
     j->applied = applied;
-    j->compute_seconds = seconds * static_cast<double>(n) / static_cast<double>(total * slice);
-    j->update.assign(update_buf_.begin() + at, update_buf_.begin() + at + n);
-    if (momentum)
-      std::copy(momentum_buf_.begin() + at, momentum_buf_.begin() + at + n, j->momentum);
-    at += n;
+    j->compute_seconds =
+        seconds * static_cast<double>(j->shape.numel()) / static_cast<double>(total);
     sample_health(*j);
   }
 }

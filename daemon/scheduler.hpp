@@ -1,7 +1,15 @@
 // The compute side of the server: a worker thread that takes parameters whose gradient is
-// complete, batches the ready ones of the same shape and options into one backend call, runs
+// complete, batches the ready ones of the same shape and options into one call of its
+// StepRunner (host buffers through the backend, or device buffers on the GPU data plane), runs
 // momentum + Newton-Schulz + scale, and hands the results back. Work starts the moment a
 // parameter is submitted, so it overlaps the rest of the trainers' backward.
+//
+// The step policy, once for host and device: jobs that cannot share a call run alone; a batched
+// call that fails runs each of its jobs alone, so that only the bad one fails and every error
+// names its own parameter; a refused step (StepRunner::run threw) leaves the momentum untouched
+// (it was stepped in scratch, and never committed) and maps its exception to a code:
+// NonFiniteError "non_finite", InvalidArgument "bad_request", anything else "backend"; a skipped
+// step (policy skip) is committed with applied = false.
 #pragma once
 
 #include <condition_variable>
@@ -16,6 +24,7 @@
 
 #include "daemon/device_plane.hpp"
 #include "daemon/numeric_health.hpp"
+#include "daemon/step/step_runner.hpp"
 #include "kernels/backend.hpp"
 
 namespace muon::daemon {
@@ -46,15 +55,19 @@ struct NsJob {
   double compute_seconds = 0.0;
 };
 
+/// Whether `job`'s options keep a momentum buffer (every convention but none).
+inline bool keeps_momentum(const NsJob& job) {
+  return job.options.momentum.convention != MomentumConvention::none;
+}
+
 /// A single worker thread over one backend.
 class Scheduler {
  public:
   /// `on_done` is called on the worker thread with each finished batch of jobs (a batch holds
-  /// jobs of equal shape and options that were ready together).
-  /// Jobs with `device` set run on `device_plane` (must then be non-null and outlive the
-  /// scheduler), one at a time.
+  /// jobs of equal shape and options that were ready together). Jobs run on `runner`, or, when
+  /// it is null, on host buffers through `backend` (make_host_step_runner).
   Scheduler(std::unique_ptr<Backend> backend, std::function<void(std::vector<NsJob>)> on_done,
-            DevicePlane* device_plane = nullptr);
+            std::unique_ptr<StepRunner> runner = nullptr);
   ~Scheduler();  ///< stops after the jobs already submitted
 
   /// Queues a job (thread-safe).
@@ -67,21 +80,19 @@ class Scheduler {
 
  private:
   void run();
-  void run_batch(std::vector<NsJob>& jobs);  // jobs of equal rows, cols and options
-  void run_one(NsJob& job);
+  void run_group(std::vector<NsJob>& jobs);  // jobs of equal rows, cols and options
+  void run_alone(NsJob& job);
   void sample_health(NsJob& job);  // fills job.health when asked for and applied
   std::unique_ptr<Backend> backend_;
-  DevicePlane* device_plane_ = nullptr;
+  std::unique_ptr<StepRunner> runner_;
   std::function<void(std::vector<NsJob>)> on_done_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<NsJob> queue_;
   bool stopping_ = false;
   std::thread worker_;
-  std::mutex join_mu_;  // serializes stop()'s join
-  // Worker-only buffers, reused across batches: concatenated gradients, momenta and updates.
-  std::vector<float> grad_buf_, momentum_buf_, update_buf_;
-  HealthScratch health_buf_;  // numeric health: Gram matrices and one input block
+  std::mutex join_mu_;        // serializes stop()'s join
+  HealthScratch health_buf_;  // numeric health: Gram matrices and one input block (worker only)
 };
 
 /// True when two option sets give bitwise the same math (used to batch jobs together).

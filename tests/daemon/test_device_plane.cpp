@@ -1,8 +1,10 @@
 // The server's GPU data plane against the host path it must equal: the device contribution store
 // reduces bitwise as the host StepReducer (fp32 and bf16 pushes, accumulation, any arrival
-// order); a parameter's device step is bitwise DeviceMuon's on the same reduced gradient, over
-// several steps (momentum carried on the device); a non-finite gradient is refused (or skipped)
-// with the momentum untouched. The session rings are exercised across processes by the
+// order); a parameter's device step, run through the Scheduler on the plane's StepRunner as the
+// server runs it, is bitwise DeviceMuon's on the same reduced gradient, over several steps
+// (momentum carried on the device), alone or batched with parameters of its shape; a non-finite
+// gradient is refused (or skipped) with the momentum untouched, and in a batch only its own
+// step is. The session rings are exercised across processes by the
 // end-to-end GPU test (test_server_integration). GPU tests skip with the reason where no GPU is
 // usable.
 #include <gtest/gtest.h>
@@ -10,8 +12,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <future>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <vector>
 
@@ -19,6 +23,7 @@
 #include "daemon/device_plane.hpp"
 #include "daemon/registration.hpp"
 #include "daemon/scheduler.hpp"
+#include "daemon/step/step_runner.hpp"
 #include "daemon/step_reducer.hpp"
 #include "kernels/device_muon.hpp"
 #include "kernels/device_stream.hpp"
@@ -58,20 +63,60 @@ bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+NsJob device_job(const std::string& name, int64_t step, const MatrixShape& shape,
+                 const MuonOptions& o, DeviceParamState& param) {
+  NsJob job;
+  job.name = name;
+  job.step = step;
+  job.shape = shape;
+  job.options = o;
+  job.device = &param;
+  return job;
+}
+
 class DevicePlaneTest : public ::testing::Test {
  protected:
-  // Reduces `red` into the parameter and runs its step on the plane (as the worker does).
+  // Runs `jobs` through a Scheduler on this plane's StepRunner, as the server does, all queued
+  // while the worker is held on a blocker of another shape, so that jobs of one shape and
+  // options share a call. Returns them in submission order.
+  std::vector<NsJob> schedule(std::vector<NsJob> jobs) {
+    auto blocker_param = plane_->make_param(6, true);
+    std::promise<void> entered, release;
+    auto released = release.get_future().share();
+    std::mutex mu;
+    std::vector<NsJob> done;
+    bool first = true;
+    {
+      Scheduler sched(
+          make_backend("cpu"),
+          [&](std::vector<NsJob> batch) {
+            if (first) {
+              first = false;
+              entered.set_value();
+              released.wait();
+              return;
+            }
+            std::lock_guard lock(mu);
+            for (auto& j : batch) done.push_back(std::move(j));
+          },
+          plane_->step_runner());
+      sched.submit(device_job("blocker", -1, {1, 2, 3}, MuonOptions{}, *blocker_param));
+      entered.get_future().wait();
+      const size_t n = jobs.size();
+      for (auto& j : jobs) sched.submit(std::move(j));
+      release.set_value();
+      sched.stop();
+      EXPECT_EQ(done.size(), n);
+    }
+    return done;
+  }
+  // Reduces `red` into the parameter and runs its step alone (as the worker does).
   NsJob run_step(StepReducer& red, DeviceParamState& param, const MatrixShape& shape,
                  const MuonOptions& o, int64_t step) {
     plane_->reduce(red, param);
-    NsJob job;
-    job.name = "w";
-    job.step = step;
-    job.shape = shape;
-    job.options = o;
-    job.device = &param;
-    plane_->run(job);
-    return job;
+    std::vector<NsJob> jobs;
+    jobs.push_back(device_job("w", step, shape, o, param));
+    return std::move(schedule(std::move(jobs)).front());
   }
   void SetUp() override {
     try {
@@ -211,5 +256,66 @@ TEST_F(DevicePlaneTest, NonFiniteGradientLeavesTheMomentumUntouched) {
     std::vector<float> after(128);
     plane_->read_momentum(*param, 0, 128, after.data());
     EXPECT_TRUE(bitwise_equal(after, before));
+  }
+}
+
+TEST_F(DevicePlaneTest, ABatchOfOneShapeIsBitwiseEachParameterAloneAndANonFiniteOneFailsAlone) {
+  MuonOptions o;
+  o.momentum = {MomentumConvention::sum, 0.9f, true};
+  const MatrixShape shape{1, 32, 48};
+  const int64_t n = shape.numel();
+  const auto layout = layout_of(spec_of(shape, o), {{{0, n}}});
+  constexpr int kParams = 3;
+  std::vector<DeviceParamPtr> params;
+  std::vector<std::unique_ptr<DeviceVector<float>>> ref_momentum, ref_update;
+  for (int p = 0; p < kParams; ++p) {
+    params.push_back(plane_->make_param(n, true));
+    ref_momentum.push_back(
+        std::make_unique<DeviceVector<float>>(std::vector<float>(static_cast<size_t>(n), 0.0f)));
+    ref_update.push_back(std::make_unique<DeviceVector<float>>(static_cast<size_t>(n)));
+  }
+  DeviceMuon reference;
+  DeviceStream stream;
+  DeviceVector<float> ref_grad(static_cast<size_t>(n));
+  for (int step = 0; step < 3; ++step) {
+    // Step 1: parameter 1's gradient holds a NaN: only its step is refused.
+    std::vector<NsJob> jobs;
+    std::vector<std::vector<float>> grads;
+    for (int p = 0; p < kParams; ++p) {
+      auto g = random_values(static_cast<size_t>(n), 100 * step + p);
+      if (step == 1 && p == 1) g[5] = std::numeric_limits<float>::quiet_NaN();
+      StepReducer red(layout, step, plane_->make_contribution_store());
+      red.add(0, 0, g);
+      red.commit(0);
+      plane_->reduce(red, *params[p]);
+      grads.push_back(g);
+      jobs.push_back(device_job("p" + std::to_string(p), step, shape, o, *params[p]));
+    }
+    const auto done = schedule(std::move(jobs));
+    for (int p = 0; p < kParams; ++p) {
+      const NsJob& job = done[static_cast<size_t>(p)];
+      ASSERT_EQ(job.name, "p" + std::to_string(p));
+      const bool refused = step == 1 && p == 1;
+      std::vector<float> momentum(static_cast<size_t>(n)), update(static_cast<size_t>(n));
+      plane_->read_momentum(*params[p], 0, n, momentum.data());
+      if (refused) {
+        EXPECT_EQ(job.error_code, "non_finite") << job.error;
+        EXPECT_NE(job.error.find("'p1'"), std::string::npos) << job.error;
+        EXPECT_FALSE(job.applied);
+        EXPECT_TRUE(bitwise_equal(momentum, ref_momentum[p]->download())) << "untouched";
+        continue;
+      }
+      ASSERT_TRUE(job.error.empty()) << job.error;
+      EXPECT_TRUE(job.applied);
+      ref_grad.upload(grads[p]);
+      reference.step("ref", shape, ref_grad.get(), ref_momentum[p]->get(), ref_update[p]->get(), o,
+                     stream.get());
+      stream.synchronize();
+      plane_->read_update(*params[p], 0, n, update.data());
+      EXPECT_TRUE(bitwise_equal(momentum, ref_momentum[p]->download()))
+          << "parameter " << p << " step " << step;
+      EXPECT_TRUE(bitwise_equal(update, ref_update[p]->download()))
+          << "parameter " << p << " step " << step;
+    }
   }
 }
