@@ -13,6 +13,7 @@
 #include "core/cuda_check.hpp"
 #include "core/error.hpp"
 #include "daemon/scheduler.hpp"
+#include "daemon/step/param_storage.hpp"
 #include "daemon/step/step_runner.hpp"
 #include "daemon/step_reducer.hpp"
 #include "kernels/device_buffer.hpp"
@@ -402,6 +403,58 @@ class DeviceStepRunner final : public StepRunner {
 };
 
 }  // namespace
+
+namespace {
+
+// ParamStorage on the GPU data plane (daemon/step/param_storage.hpp): the plane's per-parameter
+// calls on the parameter's device buffers.
+class DeviceParamStorage final : public ParamStorage {
+ public:
+  DeviceParamStorage(DevicePlane& plane, int64_t numel, bool momentum)
+      : plane_(plane), param_(plane.make_param(numel, momentum)) {}
+
+  std::unique_ptr<ContributionStore> make_contribution_store() override {
+    return plane_.make_contribution_store();
+  }
+  void reduce(StepReducer& reducer, NsJob& job) override {
+    plane_.reduce(reducer, *param_);
+    job.device = param_.get();
+  }
+  void reduce_to_host(StepReducer& reducer, std::vector<float>& grad) override {
+    plane_.reduce(reducer, *param_);
+    plane_.read_grad(*param_, grad.data());
+  }
+  void refresh_momentum(std::vector<float>& host) override {
+    if (param_->has_momentum) {
+      plane_.read_momentum(*param_, 0, static_cast<int64_t>(host.size()), host.data());
+    }
+  }
+  void write_momentum(int64_t offset, std::span<const float> values) override {
+    if (param_->has_momentum) {
+      plane_.write_momentum(*param_, offset, values.data(), static_cast<int64_t>(values.size()));
+    }
+  }
+  const float* host_update(NsJob& job) override {
+    job.update.resize(static_cast<size_t>(param_->numel));
+    plane_.read_update(*param_, 0, param_->numel, job.update.data());
+    return job.update.data();
+  }
+  void upload_update(const std::vector<float>& update) override {
+    plane_.write_update(*param_, update.data());
+  }
+  void updates_enqueued() override { plane_.updates_enqueued(*param_); }
+  DeviceParamState* device_state() override { return param_.get(); }
+
+ private:
+  DevicePlane& plane_;
+  DeviceParamPtr param_;
+};
+
+}  // namespace
+
+std::unique_ptr<ParamStorage> DevicePlane::make_storage(int64_t numel, bool momentum) {
+  return std::make_unique<DeviceParamStorage>(*this, numel, momentum);
+}
 
 std::unique_ptr<StepRunner> DevicePlane::step_runner() {
   return std::make_unique<DeviceStepRunner>(config_.device, impl_->compute, impl_->muon);

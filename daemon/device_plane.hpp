@@ -45,6 +45,7 @@ namespace muon::daemon {
 
 class StepReducer;
 class StepRunner;
+class ParamStorage;
 struct NsJob;
 
 /// Start-up settings of the GPU data plane (flags of muon-offloadd).
@@ -85,6 +86,9 @@ class DevicePlane {
   /// Device buffers for a parameter of `numel` fp32 elements (momentum only when `momentum`),
   /// zero-filled. Throws DeviceError (e.g. out of memory).
   DeviceParamPtr make_param(int64_t numel, bool momentum);
+  /// A parameter's ParamStorage on this plane (make_param's buffers behind the calls below);
+  /// it must not outlive the plane. Throws DeviceError.
+  std::unique_ptr<ParamStorage> make_storage(int64_t numel, bool momentum);
   /// A contribution store on the receive stream (device buffers; host contributions are staged).
   std::unique_ptr<ContributionStore> make_contribution_store();
   /// Enqueues the reduction of the complete `reducer` into the parameter's gradient on the

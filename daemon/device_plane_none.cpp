@@ -1,6 +1,7 @@
 // The GPU data plane in a build without CUDA: it cannot be created (device_plane.hpp).
 #include "core/error.hpp"
 #include "daemon/device_plane.hpp"
+#include "daemon/step/param_storage.hpp"
 #include "daemon/step/step_runner.hpp"
 
 namespace muon::daemon {
@@ -28,6 +29,9 @@ DevicePlane::DevicePlane(const DevicePlaneConfig& config) : config_(config) {
 }
 DevicePlane::~DevicePlane() = default;
 DeviceParamPtr DevicePlane::make_param(int64_t, bool) {
+  unavailable();
+}
+std::unique_ptr<ParamStorage> DevicePlane::make_storage(int64_t, bool) {
   unavailable();
 }
 std::unique_ptr<ContributionStore> DevicePlane::make_contribution_store() {

@@ -109,6 +109,10 @@ Relay& Engine::relay() {
   return *relay_;
 }
 
+std::unique_ptr<ParamStorage> Engine::make_storage(int64_t numel, bool momentum) {
+  return device_ ? device_->make_storage(numel, momentum) : make_host_param_storage();
+}
+
 std::string Engine::rank_name(int rank) const {
   return rank_text(rank, world_size_);
 }

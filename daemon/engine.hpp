@@ -131,6 +131,8 @@ class Engine {
   void return_update(Param& p, NsJob& job, bool upload);
   /// After steps finished: answers snapshot requests that waited for them, and a shutdown.
   void after_steps();
+  /// A parameter's storage: on the GPU data plane when there is one, else host memory.
+  std::unique_ptr<ParamStorage> make_storage(int64_t numel, bool momentum);
   /// The relay toward owners (made on first use).
   Relay& relay();
   /// Sends `n` fp32 momentum values (last applied step `last_step`) to `s` as state_fetch data.

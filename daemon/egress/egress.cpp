@@ -23,7 +23,7 @@ void Engine::broadcast(const Param& p, const ErrorMsg& error, int except_rank) {
 
 void Engine::return_update(Param& p, NsJob& job, bool upload) {
   try {
-    if (upload) device_->write_update(*p.device, job.update.data());
+    if (upload) p.storage->upload_update(job.update);
     send_update(job.name, p, job);
   } catch (const std::exception& e) {  // a CUDA copy failed: tell the ranks, keep serving
     log()->error("parameter '{}' step {}: returning the update failed: {}", job.name, job.step,
@@ -42,15 +42,12 @@ void Engine::send_update(const std::string& name, Param& p, NsJob& job) {
   const int64_t per_chunk = static_cast<int64_t>(config_.layout.slot_bytes / esize);
   // GPU data plane: cuda_ipc sessions get device-to-device copies into their result slots; a
   // chunk that must wait for a credit, and every chunk of a shm session, goes through host bytes
-  // read back once per step (job.update).
-  bool host_copy = !p.device;
-  const auto host_update = [&]() -> const float* {
-    if (!host_copy) {
-      job.update.resize(static_cast<size_t>(job.shape.numel()));
-      device_->read_update(*p.device, 0, job.shape.numel(), job.update.data());
-      host_copy = true;
-    }
-    return job.update.data();
+  // (on the GPU data plane read back once per step, when the first such chunk needs them).
+  DeviceParamState* device = p.storage->device_state();
+  const float* host = nullptr;
+  const auto host_update = [&] {
+    if (host == nullptr) host = p.storage->host_update(job);
+    return host;
   };
   for (int r = 0; r < static_cast<int>(p.layout->ranks.size()); ++r) {
     const auto& want = p.layout->ranks[r].want;
@@ -70,8 +67,8 @@ void Engine::send_update(const std::string& name, Param& p, NsJob& job) {
         u.applied = job.applied;
         const size_t bytes = static_cast<size_t>(count) * esize;
         metrics_.chunk_returned(transport::ChunkKind::gradient, bytes);
-        if (p.device && s->device_rings && s->send_chunk_direct(u, [&](uint32_t slot) {
-              device_->send_update(*s->device_rings, slot, *p.device, off, count, dt);
+        if (device != nullptr && s->device_rings && s->send_chunk_direct(u, [&](uint32_t slot) {
+              device_->send_update(*s->device_rings, slot, *device, off, count, dt);
             })) {
           continue;
         }
@@ -89,7 +86,7 @@ void Engine::send_update(const std::string& name, Param& p, NsJob& job) {
       }
     }
   }
-  if (p.device) device_->updates_enqueued(*p.device);
+  p.storage->updates_enqueued();
 }
 
 void Engine::send_momentum(const SessionPtr& s, const std::string& name, int64_t last_step,

@@ -92,7 +92,7 @@ void Engine::complete_registration(const std::string& name, Param& p) {
   p.pending.reset();
   const auto& shape = p.layout->spec.shape;
   if (p.relayed()) {  // relayed: the owner keeps the momentum and answers for the job
-    if (device_) p.device = device_->make_param(shape.numel(), false);
+    p.storage = make_storage(shape.numel(), /*momentum=*/false);
     transport::RegisterParam reg;
     reg.name = name;
     reg.shape = dims_of(shape);
@@ -143,13 +143,9 @@ void Engine::complete_registration(const std::string& name, Param& p) {
                   rs.str(), shape.str());
     }
   }
-  if (device_) {
-    const bool keeps = p.layout->spec.options.momentum.convention != MomentumConvention::none;
-    p.device = device_->make_param(shape.numel(), keeps);
-    if (keeps && p.last_step() >= 0) {
-      device_->write_momentum(*p.device, 0, p.momentum.data(), shape.numel());
-    }
-  }
+  const bool keeps = p.layout->spec.options.momentum.convention != MomentumConvention::none;
+  p.storage = make_storage(shape.numel(), keeps);
+  if (keeps && p.last_step() >= 0) p.storage->write_momentum(0, p.momentum);
   log()->info("parameter '{}' {} registered by ranks {}, {} contributor(s) per element", name,
               shape.str(), ranks_text(p.layout->registrants, world_size_), p.layout->contributors);
   p.steps.registration_complete(/*relayed=*/false);

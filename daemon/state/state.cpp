@@ -24,17 +24,12 @@ void Engine::load_momentum(const transport::Push& m, Param& p, std::span<const f
                              });
     return;
   }
-  if (p.device && p.layout->spec.options.momentum.convention != MomentumConvention::none) {
-    device_->write_momentum(*p.device, m.offset, values.data(), m.count);
-  }
+  p.storage->write_momentum(m.offset, values);
   std::memcpy(p.momentum.data() + m.offset, values.data(), values.size_bytes());
 }
 
 const std::vector<float>& Engine::host_momentum(Param& p) {
-  if (p.device && p.layout->spec.options.momentum.convention != MomentumConvention::none) {
-    device_->read_momentum(*p.device, 0, static_cast<int64_t>(p.momentum.size()),
-                           p.momentum.data());
-  }
+  p.storage->refresh_momentum(p.momentum);
   return p.momentum;
 }
 

@@ -41,7 +41,7 @@ StepReducer* Engine::start_gathering(const SessionPtr& s, const transport::Push&
   }
   const auto now = StepMachine::Clock::now();
   StepReducer& reducer = p.steps.open(m.step, *p.layout, now, [&] {
-    return p.device ? device_->make_contribution_store() : make_host_contribution_store();
+    return p.storage->make_contribution_store();
   });
   p.step_started = now;
   arm_timer(m.name, p);
@@ -67,27 +67,16 @@ void Engine::start_compute(const std::string& name, Param& p) {
     step.numel = job.shape.numel();
     step.grad = std::move(p.grad);
     step.grad.resize(static_cast<size_t>(step.numel));
-    if (p.device) {
-      device_->reduce(reducer, *p.device);
-      device_->read_grad(*p.device, step.grad.data());
-    } else {
-      reducer.reduce(step.grad.data());
-    }
+    p.storage->reduce_to_host(reducer, step.grad);
     step.push = covered(*p.layout, &RankRanges::push);
     step.want = covered(*p.layout, &RankRanges::want);
     p.steps.start_computing();
     relay().forward(std::move(step), [this](RelayStep done) { finish_relayed(std::move(done)); });
     return;
   }
-  if (p.device) {  // GPU data plane: reduced on the receive stream, stepped on the device
-    device_->reduce(reducer, *p.device);
-    job.device = p.device.get();
-  } else {
-    job.grad = std::move(p.grad);  // warm buffers, handed back in finish_jobs
-    job.update = std::move(p.update);
-    job.grad.resize(static_cast<size_t>(job.shape.numel()));
-    reducer.reduce(job.grad.data());
-  }
+  job.grad = std::move(p.grad);  // warm buffers, handed back in finish_jobs
+  job.update = std::move(p.update);
+  p.storage->reduce(reducer, job);
   job.momentum =
       job.options.momentum.convention == MomentumConvention::none ? nullptr : p.momentum.data();
   const auto every = static_cast<uint64_t>(std::max<int64_t>(config_.health_sample_every, 0));
@@ -134,7 +123,7 @@ void Engine::finish_relayed(RelayStep step) {
   job.applied = step.applied;
   job.update = std::move(step.update);
   // On the GPU data plane the owner's update goes into the device buffer first, as if computed.
-  if (!step.want.empty()) return_update(p, job, /*upload=*/p.device != nullptr);
+  if (!step.want.empty()) return_update(p, job, /*upload=*/true);
   metrics_.step_done(job.applied ? "applied" : "skipped");
   if (!step.unasked) metrics_.step_latency(job.shape, seconds_since(p.step_started));
   p.update = std::move(job.update);

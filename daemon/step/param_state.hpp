@@ -11,10 +11,10 @@
 #include <utility>
 #include <vector>
 
-#include "daemon/device_plane.hpp"
 #include "daemon/numeric_health.hpp"
 #include "daemon/parameter.hpp"
 #include "daemon/registration.hpp"
+#include "daemon/step/param_storage.hpp"
 #include "daemon/step/step_machine.hpp"
 #include "transport/asio.hpp"
 
@@ -34,7 +34,7 @@ struct ParamState {
   /// route): the step's partial sum goes to the owner and its update comes back (no momentum
   /// here); -1 when this server owns it. Set while registering, fixed after.
   int relay_owner = -1;
-  std::vector<float> momentum;
+  std::vector<float> momentum;  // host copy (param_storage.hpp)
   std::vector<float> grad, update;                     // recycled through each step's job
   std::unique_ptr<boost::asio::steady_timer> timer;    // at steps.deadline()
   std::chrono::steady_clock::time_point step_started;  // first chunk of the step gathered
@@ -42,9 +42,8 @@ struct ParamState {
   std::optional<NumericHealth> health;  // last sample
   int64_t health_step = -1;             // its step
   bool unhealthy = false;  // the last sample exceeded the threshold (warned once)
-  /// GPU data plane: momentum, gradient and update on the device (`momentum` above is then a
-  /// host copy, refreshed for snapshots and state fetches); null on the host path.
-  DeviceParamPtr device;
+  /// Where the step's buffers live (host, or the GPU data plane); made at registration.
+  std::unique_ptr<ParamStorage> storage;
 
   Phase phase() const { return steps.phase(); }
   bool registered() const { return phase() != Phase::registering; }
