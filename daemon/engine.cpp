@@ -131,7 +131,7 @@ Engine::SessionPtr Engine::session_of(int rank) const {
 bool Engine::any_computing() const {
   // Relayed steps hold no momentum here: snapshots and shutdown need not wait for them.
   return std::any_of(params_.begin(), params_.end(), [](const auto& kv) {
-    return kv.second.phase() == Phase::computing && !kv.second.relayed();
+    return kv.second.phase() == Phase::computing && kv.second.role->keeps_momentum_here();
   });
 }
 

@@ -9,7 +9,10 @@
 //   registry/registry.cpp  registration and re-registration
 //   ingress/push.cpp       push and commit frames into the step's reducer
 //   step/engine_steps.cpp  per-parameter phases (step/param_state.hpp), timers, lost ranks,
-//                          the hand-off to the worker or the owner and the results coming back
+//                          the results coming back
+//   step/owned_role.cpp    a parameter owned here: momentum, the hand-off to the worker
+//   step/relayed_role.cpp  a parameter relayed for the domain: registration with the owner, the
+//                          hand-off of the partial sum to it, momentum loads and fetches there
 //   egress/egress.cpp      updates and momentum cut into chunks for each rank
 //   state/state.cpp        snapshots, state fetches, momentum loads
 //   observe/observe.cpp    status, metrics refresh, the numeric-health policy call site
@@ -85,6 +88,9 @@ class Engine {
 
  private:
   using Param = ParamState;
+  // The parameter roles (step/parameter_role.hpp) are parts of the Engine on its io thread.
+  friend class OwnedRole;
+  friend class RelayedRole;
 
   void on_hello(const SessionPtr& s, const transport::Frame& f);
   /// The session's data plane as its hello asks: a shared-memory segment, exported device

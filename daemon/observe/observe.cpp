@@ -56,7 +56,7 @@ std::string Engine::status_json() const {
       e["shape"] = p.layout->spec.shape.str();
       e["contributors"] = p.layout->contributors;
       e["registrants"] = p.layout->registrants;
-      if (p.relayed()) e["relayed_to"] = p.relay_owner;  // its owner's server id
+      if (p.role && p.role->owner() >= 0) e["relayed_to"] = p.role->owner();  // owner's server id
     } else if (p.pending) {
       e["missing_ranks"] = p.pending->missing_ranks();  // ranks that have not registered it
     }

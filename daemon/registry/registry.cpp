@@ -55,9 +55,10 @@ void Engine::on_register(const SessionPtr& s, const Frame& f) {
       const auto route = routes_ ? routes_->route(m.name) : std::nullopt;
       if (route) {
         p.pending.emplace(spec, route->registrants, world_size_);
-        p.relay_owner = route->relayed ? route->owner : -1;
+        p.role = route->relayed ? make_relayed_role(*this, route->owner) : make_owned_role(*this);
       } else {
         p.pending.emplace(spec, world_size_);
+        p.role = make_owned_role(*this);
       }
     }
     const bool complete = p.pending->add(s->rank, spec, m.push, m.want);
@@ -80,7 +81,7 @@ void Engine::complete_registration(const std::string& name, Param& p) {
   if (p.timer) p.timer->cancel();
   p.timer.reset();
   try {
-    p.layout.emplace(p.pending->finish(/*partial=*/p.relayed()));
+    p.layout.emplace(p.pending->finish(/*partial=*/!p.role->keeps_momentum_here()));
   } catch (const InvalidArgument& e) {
     metrics_.error("bad_request");
     for (auto& [w, req] : waiting) {
@@ -90,67 +91,8 @@ void Engine::complete_registration(const std::string& name, Param& p) {
     return;
   }
   p.pending.reset();
-  const auto& shape = p.layout->spec.shape;
-  if (p.relayed()) {  // relayed: the owner keeps the momentum and answers for the job
-    p.storage = make_storage(shape.numel(), /*momentum=*/false);
-    transport::RegisterParam reg;
-    reg.name = name;
-    reg.shape = dims_of(shape);
-    reg.grad_dtype = p.layout->spec.grad_dtype;
-    reg.update_dtype = p.layout->spec.update_dtype;
-    reg.options = p.layout->spec.options;
-    // The domain's partial sum covers what its ranks push; it wants what they want.
-    reg.push = covered(*p.layout, &RankRanges::push);
-    reg.want = covered(*p.layout, &RankRanges::want);
-    p.waiting = std::move(waiting);
-    log()->info(
-        "parameter '{}' {} registered by ranks {} of this domain; registering it with its "
-        "owner, server {}",
-        name, shape.str(), ranks_text(p.layout->registrants, world_size_), p.relay_owner);
-    p.steps.registration_complete(/*relayed=*/true);
-    relay().register_param(
-        p.relay_owner, std::move(reg),
-        [this, name](std::optional<ErrorMsg> error, transport::RegisterOk ok) {
-          auto it = params_.find(name);
-          if (it == params_.end() || it->second.phase() != Phase::awaiting_owner) return;
-          Param& q = it->second;
-          if (error) {
-            log()->warn("parameter '{}': the owner refused the relay's registration: {}", name,
-                        error->message);
-            metrics_.error(error->code);
-            for (auto& [w, req] : q.waiting) {
-              if (auto ws = w.lock()) ws->send_error(*error, req);
-            }
-            params_.erase(it);
-            return;
-          }
-          q.steps.owner_registered(ok.last_step);
-          answer_registration(q);
-        },
-        // What the owner says outside the answers to forwarded steps (unasked updates for a
-        // domain that pushes nothing, errors of steps not forwarded, a restart).
-        [this](RelayStep st) { finish_relayed(std::move(st)); });
-    return;
-  }
-  p.momentum.assign(static_cast<size_t>(shape.numel()), 0.0f);
-  if (auto r = restored_.find(name); r != restored_.end()) {
-    const auto rs = matrix_shape_from_dims(r->second.shape, name);
-    if (rs.batch == shape.batch && rs.rows == shape.rows && rs.cols == shape.cols) {
-      p.momentum = r->second.momentum;
-      p.steps.record_step(r->second.last_step);
-    } else {
-      log()->warn("snapshot holds '{}' as {} but it was registered as {}: starting from zero", name,
-                  rs.str(), shape.str());
-    }
-  }
-  const bool keeps = p.layout->spec.options.momentum.convention != MomentumConvention::none;
-  p.storage = make_storage(shape.numel(), keeps);
-  if (keeps && p.last_step() >= 0) p.storage->write_momentum(0, p.momentum);
-  log()->info("parameter '{}' {} registered by ranks {}, {} contributor(s) per element", name,
-              shape.str(), ranks_text(p.layout->registrants, world_size_), p.layout->contributors);
-  p.steps.registration_complete(/*relayed=*/false);
   p.waiting = std::move(waiting);
-  answer_registration(p);
+  p.role->registered(name, p);
 }
 
 void Engine::answer_registration(Param& p) {

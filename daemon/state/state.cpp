@@ -15,17 +15,7 @@ using transport::MessageType;
 
 void Engine::load_momentum(const transport::Push& m, Param& p, std::span<const float> values) {
   p.steps.load(m.step);  // throws while a step is open
-  if (p.relayed()) {     // the owner keeps it: forwarded, in order with the steps
-    relay().forward_momentum(p.relay_owner, m.name, m.step, m.offset,
-                             {values.begin(), values.end()}, [this, name = m.name](ErrorMsg error) {
-                               auto it = params_.find(name);
-                               if (it != params_.end()) broadcast(it->second, error);
-                               metrics_.error(error.code);
-                             });
-    return;
-  }
-  p.storage->write_momentum(m.offset, values);
-  std::memcpy(p.momentum.data() + m.offset, values.data(), values.size_bytes());
+  p.role->load_momentum(m, p, values);
 }
 
 const std::vector<float>& Engine::host_momentum(Param& p) {
@@ -36,7 +26,7 @@ const std::vector<float>& Engine::host_momentum(Param& p) {
 void Engine::write_snapshot_now(const std::string& path) {
   std::vector<SnapshotEntry> entries;
   for (auto& [name, p] : params_) {
-    if (!p.registered() || p.relayed()) continue;  // a relayed momentum is its owner's
+    if (!p.registered() || !p.role->keeps_momentum_here()) continue;  // else the owner's
     entries.push_back({name, dims_of(p.layout->spec.shape), p.last_step(), p.layout->spec.options,
                        host_momentum(p)});
   }
@@ -81,25 +71,7 @@ void Engine::on_state_fetch(const SessionPtr& s, const Frame& f) {
     reply_error(s, {"bad_request", e.message(), m.name, -1, s->rank}, f.request_id);
     return;
   }
-  Param& p = *pp;
-  const int64_t n = p.layout->spec.shape.numel();
-  if (p.relayed()) {  // the owner's momentum, fetched through the relay
-    relay().fetch_momentum(
-        p.relay_owner, m.name, n,
-        [this, w = std::weak_ptr<Session>(s), name = m.name, request = f.request_id](
-            std::vector<float> values, int64_t last, std::optional<ErrorMsg> error) {
-          auto ws = w.lock();
-          if (!ws || ws->closed()) return;
-          if (error) {
-            error->param = name;
-            reply_error(ws, *error, request);
-            return;
-          }
-          send_momentum(ws, name, last, values.data(), static_cast<int64_t>(values.size()));
-        });
-    return;
-  }
-  send_momentum(s, m.name, p.last_step(), host_momentum(p).data(), n);
+  pp->role->fetch_momentum(s, m.name, *pp, f.request_id);
 }
 
 }  // namespace muon::daemon

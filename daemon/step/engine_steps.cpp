@@ -51,39 +51,7 @@ StepReducer* Engine::start_gathering(const SessionPtr& s, const transport::Push&
 void Engine::start_compute(const std::string& name, Param& p) {
   if (p.timer) p.timer->cancel();
   p.timer.reset();
-  StepReducer& reducer = *p.steps.gathering();
-  NsJob job;
-  job.name = name;
-  job.step = reducer.step();
-  job.shape = p.layout->spec.shape;
-  job.options = p.layout->spec.options;
-  if (p.relayed()) {  // the domain's partial sum goes to the owner
-    RelayStep step;
-    step.name = name;
-    step.step = job.step;
-    step.owner = p.relay_owner;
-    step.grad_dtype = p.layout->spec.grad_dtype;
-    step.update_dtype = p.layout->spec.update_dtype;
-    step.numel = job.shape.numel();
-    step.grad = std::move(p.grad);
-    step.grad.resize(static_cast<size_t>(step.numel));
-    p.storage->reduce_to_host(reducer, step.grad);
-    step.push = covered(*p.layout, &RankRanges::push);
-    step.want = covered(*p.layout, &RankRanges::want);
-    p.steps.start_computing();
-    relay().forward(std::move(step), [this](RelayStep done) { finish_relayed(std::move(done)); });
-    return;
-  }
-  job.grad = std::move(p.grad);  // warm buffers, handed back in finish_jobs
-  job.update = std::move(p.update);
-  p.storage->reduce(reducer, job);
-  job.momentum =
-      job.options.momentum.convention == MomentumConvention::none ? nullptr : p.momentum.data();
-  const auto every = static_cast<uint64_t>(std::max<int64_t>(config_.health_sample_every, 0));
-  job.sample_health = every > 0 && p.updates_started % every == 0;
-  p.steps.start_computing();
-  ++p.updates_started;
-  scheduler_.submit(std::move(job));
+  p.role->hand_off(name, p, *p.steps.gathering());
 }
 
 void Engine::finish_relayed(RelayStep step) {

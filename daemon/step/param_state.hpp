@@ -14,6 +14,7 @@
 #include "daemon/numeric_health.hpp"
 #include "daemon/parameter.hpp"
 #include "daemon/registration.hpp"
+#include "daemon/step/parameter_role.hpp"
 #include "daemon/step/param_storage.hpp"
 #include "daemon/step/step_machine.hpp"
 #include "transport/asio.hpp"
@@ -30,10 +31,9 @@ struct ParamState {
   std::optional<PendingRegistration> pending;                        // while registering
   std::vector<std::pair<std::weak_ptr<Session>, uint32_t>> waiting;  // register_ok owed
   std::optional<ParameterLayout> layout;                             // once registered
-  /// The owner's server id when this server relays the parameter for its domain (the plan's
-  /// route): the step's partial sum goes to the owner and its update comes back (no momentum
-  /// here); -1 when this server owns it. Set while registering, fixed after.
-  int relay_owner = -1;
+  /// Owned here, or relayed to its owner for this server's domain (the plan's route); set with
+  /// the first registration, fixed after.
+  std::unique_ptr<ParameterRole> role;
   std::vector<float> momentum;  // host copy (param_storage.hpp)
   std::vector<float> grad, update;                     // recycled through each step's job
   std::unique_ptr<boost::asio::steady_timer> timer;    // at steps.deadline()
@@ -47,7 +47,6 @@ struct ParamState {
 
   Phase phase() const { return steps.phase(); }
   bool registered() const { return phase() != Phase::registering; }
-  bool relayed() const { return relay_owner >= 0; }
   int64_t last_step() const { return steps.last_step(); }
 };
 
