@@ -119,12 +119,16 @@ void DeviceSessionRingsDeleter::operator()(DeviceSessionRings* p) const noexcept
 }
 
 struct DevicePlane::Impl {
+  // The copy streams at the device's greatest priority, so that a chunk's reduction or return
+  // is never queued behind Newton-Schulz kernels (their own or a co-located trainer's); only the
+  // compute stream takes --stream-priority (gpu-review F9). NCCL's streams keep the default
+  // priority (make_nccl_session).
   explicit Impl(const DevicePlaneConfig& c)
-      : receive(c.priority),
+      : receive(StreamPriority::high),
         compute(c.priority),
-        ret(c.priority),
-        host(c.priority),
-        staging(c.priority),
+        ret(StreamPriority::high),
+        host(StreamPriority::high),
+        staging(StreamPriority::high),
         muon(DeviceMuonConfig{c.device, c.capture_graphs}) {}
   // `host` carries the io thread's blocking copies (momentum, update read-back, fills): the
   // receive and return streams wait on clients' events, and a host thread must not wait on them.
@@ -589,8 +593,10 @@ DeviceRingsPtr DevicePlane::make_nccl_session(uint32_t tx_slots, uint32_t rx_slo
   n->device = config_.device;
   n->tx_id = transport::new_nccl_id();
   n->rx_id = transport::new_nccl_id();
-  n->recv_stream = std::make_unique<DeviceStream>(config_.priority);
-  n->send_stream = std::make_unique<DeviceStream>(config_.priority);
+  // Default priority: NCCL documents that communicators whose streams differ in priority may
+  // break when used concurrently on one GPU (gpu-review F4, F9).
+  n->recv_stream = std::make_unique<DeviceStream>(StreamPriority::normal);
+  n->send_stream = std::make_unique<DeviceStream>(StreamPriority::normal);
   n->warmup.reserve(2 * sizeof(float));
   rings->nccl = std::move(n);
   return rings;

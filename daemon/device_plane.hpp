@@ -51,7 +51,9 @@ struct NsJob;
 /// Start-up settings of the GPU data plane (flags of muon-offloadd).
 struct DevicePlaneConfig {
   int device = 0;                                    ///< CUDA device ordinal
-  StreamPriority priority = StreamPriority::normal;  ///< of the three streams (--stream-priority)
+  /// Of the compute stream (--stream-priority); the copy streams run at the device's greatest
+  /// priority, the NCCL streams at the default.
+  StreamPriority priority = StreamPriority::normal;
   bool capture_graphs = false;                       ///< CUDA graphs per shape (--cuda-graphs)
 };
 

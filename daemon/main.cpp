@@ -39,8 +39,9 @@ int main(int argc, char** argv) {
                "CUDA backend: keep gradients, momentum and updates in host memory (no GPU data "
                "plane; clients must use the shm data plane)");
   app.add_option("--stream-priority", config.stream_priority,
-                 "Priority of the GPU data plane's streams: normal, low (sharing the GPU with a "
-                 "compute rank) or high")
+                 "Priority of the GPU data plane's Newton-Schulz (compute) stream: normal, low "
+                 "(sharing the GPU with a compute rank) or high; its copy streams always run at "
+                 "the GPU's greatest priority")
       ->check(CLI::IsMember({"normal", "low", "high"}))
       ->capture_default_str();
   app.add_flag("--cuda-graphs", config.cuda_graphs,
