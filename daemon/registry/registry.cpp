@@ -61,7 +61,16 @@ void Engine::on_register(const SessionPtr& s, const Frame& f) {
         p.role = make_owned_role(*this);
       }
     }
-    const bool complete = p.pending->add(s->rank, spec, m.push, m.want);
+    bool complete = false;
+    try {
+      complete = p.pending->add(s->rank, spec, m.push, m.want);
+      p.refused.erase(s->rank);
+    } catch (const InvalidArgument& e) {
+      // The rank hears why at once; the ranks that wait for it hear it at the timeout, which
+      // would otherwise only name it as missing.
+      p.refused[s->rank] = e.message();
+      throw;
+    }
     p.waiting.emplace_back(s, f.request_id);
     if (complete) {
       complete_registration(m.name, p);

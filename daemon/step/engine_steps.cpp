@@ -156,9 +156,11 @@ void Engine::arm_timer(const std::string& name, Param& p) {
     const auto ms = std::to_string(q.steps.timeout().count());
     if (q.steps.expire_registration(now)) {
       const auto missing = q.pending->missing_ranks();
-      const std::string msg = "registration of '" + name + "' incomplete after " + ms +
-                              " ms: ranks " + ranks_text(missing, world_size_) +
-                              " have not registered it";
+      std::string msg = "registration of '" + name + "' incomplete after " + ms + " ms: ranks " +
+                        ranks_text(missing, world_size_) + " have not registered it";
+      for (const auto& [rank, why] : q.refused) {
+        msg += "; " + rank_name(rank) + "'s registration was refused: " + why;
+      }
       log()->warn("{}", msg);
       metrics_.error("timeout");
       for (auto& [w, req] : q.waiting) {

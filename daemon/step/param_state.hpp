@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -30,6 +31,9 @@ struct ParamState {
   StepMachine steps;
   std::optional<PendingRegistration> pending;                        // while registering
   std::vector<std::pair<std::weak_ptr<Session>, uint32_t>> waiting;  // register_ok owed
+  /// While registering: why this server refused a rank's registration (a rank misrouted here,
+  /// another shape), by rank, for the registration timeout's message; erased when it succeeds.
+  std::map<int, std::string> refused;
   std::optional<ParameterLayout> layout;                             // once registered
   /// Owned here, or relayed to its owner for this server's domain (the plan's route); set with
   /// the first registration, fixed after.

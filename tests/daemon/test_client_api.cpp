@@ -428,3 +428,23 @@ TEST(ClientApi, RetriedStepIsNotSummedOntoChunksOfTheFailedTry) {
   EXPECT_TRUE(same_bits(u1, expected));
   fs::remove_all(dir);
 }
+
+TEST(ClientApi, RegistrationTimeoutSaysWhyTheMissingRankWasRefused) {
+  const auto dir = temp_dir();
+  ServerProcess server(dir, {"--step-timeout-ms", "1500"});
+  client::Connection r0(server.socket(), 0, 2, "api test 0", 5000ms, 20000ms);
+  client::Connection r1(server.socket(), 1, 2, "api test 1", 5000ms, 20000ms);
+  auto reg = one_param("w", {16, 24});
+  transport::RegisterParam m{reg.name,    reg.shape, reg.grad_dtype, reg.update_dtype,
+                             reg.options, reg.push,  reg.want};
+  const auto waiting = r0.send_register(m);
+  // Rank 1 registers another shape: refused at once, with the reason.
+  auto other = m;
+  other.shape = {24, 16};
+  expect_server_error([&] { r1.wait_register(r1.send_register(other), "w"); }, "bad_request",
+                      "differs from the first registrant's in shape");
+  // Rank 0 waited for rank 1: its timeout names the rank and why it never registered.
+  expect_server_error([&] { r0.wait_register(waiting, "w"); }, "timeout",
+                      "rank 1's registration was refused: parameter 'w'");
+  fs::remove_all(dir);
+}
