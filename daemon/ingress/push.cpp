@@ -113,6 +113,8 @@ void Engine::on_push(const SessionPtr& s, const Frame& f) {
     reducer->begin_attempt(s->rank, m.attempt);
     reducer->add(s->rank, m.offset, values);
     metrics_.chunk_received(m.kind, bytes);
+  } catch (const StepMismatch& e) {  // already applied, or a gap: the client may tell them apart
+    reply_error(s, {"step_mismatch", e.message(), m.name, m.step, s->rank}, f.request_id);
   } catch (const InvalidArgument& e) {
     reply_error(s, {"bad_request", e.message(), m.name, m.step, s->rank}, f.request_id);
   }

@@ -63,13 +63,13 @@ void StepMachine::check_step(int64_t step) const {
                           std::to_string(reducer_->step()) + " is still being computed");
   }
   if (last_step_ >= 0 && step <= last_step_) {
-    throw InvalidArgument(who + "step " + std::to_string(step) +
-                          " was already applied (last applied step " + std::to_string(last_step_) +
-                          ")");
+    throw StepMismatch(who + "step " + std::to_string(step) +
+                       " was already applied (last applied step " + std::to_string(last_step_) +
+                       ")");
   }
   if (last_step_ >= 0 && step > last_step_ + 1) {
-    throw InvalidArgument(who + "step gap: got step " + std::to_string(step) + ", expected " +
-                          std::to_string(last_step_ + 1));
+    throw StepMismatch(who + "step gap: got step " + std::to_string(step) + ", expected " +
+                       std::to_string(last_step_ + 1));
   }
   if (const auto* open = gathering(); open && open->step() != step) {
     throw InvalidArgument(who + "step " + std::to_string(step) + " pushed while step " +

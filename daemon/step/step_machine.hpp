@@ -31,9 +31,21 @@
 
 #include "daemon/contribution_store.hpp"
 #include "daemon/parameter.hpp"
+#include "core/error.hpp"
 #include "daemon/step_reducer.hpp"
 
 namespace muon::daemon {
+
+/// A gradient chunk of a step that does not follow the parameter's last applied step: one
+/// already applied, or one past the next (a gap). The client sees code step_mismatch
+/// (core/error_code.hpp), so a trainer that retries a step can tell "already applied" from other
+/// refusals without reading the message.
+class StepMismatch final : public InvalidArgument {
+ public:
+  explicit StepMismatch(const std::string& message,
+                        std::source_location where = std::source_location::current())
+      : InvalidArgument(message, where) {}
+};
 
 /// Where a parameter is in its life on this server (see the diagram above).
 enum class Phase {
@@ -81,8 +93,8 @@ class StepMachine {
 
   // ---- steps ------------------------------------------------------------------------------------
   /// Throws InvalidArgument naming the parameter when a gradient chunk of `step` may not be taken
-  /// now: a step is computing, `step` was already applied, skips steps, or another step is being
-  /// gathered. Also while registering or awaiting the owner.
+  /// now: a step is computing, another step is being gathered, or the machine is registering or
+  /// awaiting the owner; StepMismatch when `step` was already applied or skips steps.
   void check_step(int64_t step) const;
   /// The reducer of the open step; null when none is open (phase other than gathering).
   StepReducer* gathering() { return phase_ == Phase::gathering ? &*reducer_ : nullptr; }

@@ -72,7 +72,7 @@ TEST(ClientApi, BadRequestsNameTheParameterAndTheSessionLivesOn) {
   push("nope", 0, 0, std::vector<float>(4, 1.0f));
   expect_server_error([&] { wait("nope", 0); }, "bad_request", "unknown parameter 'nope'");
   push("w", 5, 0, g0);
-  expect_server_error([&] { wait("w", 5); }, "bad_request", "step gap: got step 5, expected 1");
+  expect_server_error([&] { wait("w", 5); }, "step_mismatch", "step gap: got step 5, expected 1");
   conn.commit("w", 2);
   expect_server_error([&] { wait("w", 2); }, "bad_request", "commit of step 2 that has no data");
   auto other = m;
@@ -114,7 +114,7 @@ TEST(ClientApi, ReplayedStepIsRefusedAndALiveRankCannotConnectTwice) {
   c.push("w", 0, 0, g.data(), 64);
   c.commit("w", 0);
   std::vector<float> u(64);
-  expect_server_error([&] { c.wait_update("w", 0, u.data()); }, "bad_request",
+  expect_server_error([&] { c.wait_update("w", 0, u.data()); }, "step_mismatch",
                       "step 0 was already applied (last applied step 0)");
   fs::remove_all(dir);
 }

@@ -180,6 +180,9 @@ TEST(StepMachine, StepRulesNameTheParameterAndTheSteps) {
                   "step 3 was already applied (last applied step 3)");
   EXPECT_CONTAINS(error_of([&] { m.check_step(6); }), "step gap: got step 6, expected 4");
   EXPECT_CONTAINS(error_of([&] { m.open(6, layout, {}, host_store); }), "step gap");
+  // These two are StepMismatch (code step_mismatch on the wire); the others plain InvalidArgument.
+  EXPECT_THROW(m.check_step(3), StepMismatch);
+  EXPECT_THROW(m.check_step(6), StepMismatch);
   EXPECT_EQ(m.phase(), Phase::idle);  // a refused open leaves it idle
   EXPECT_NO_THROW(m.check_step(4));
 }
