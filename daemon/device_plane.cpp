@@ -486,9 +486,7 @@ const void* DevicePlane::begin_receive(DeviceSessionRings& rings, uint32_t slot,
     auto& n = rings.joined();
     const auto stream = n.recv_stream->get();
     rings.tx.wait_free(slot, stream);  // the previous chunk of the slot was reduced
-    const transport::RecvTile tile{
-        rings.tx.slot(slot), static_cast<size_t>(count),
-        dtype == transport::DType::bf16 ? TileDType::bf16 : TileDType::f32};
+    const transport::RecvTile tile{rings.tx.slot(slot), static_cast<size_t>(count), dtype};
     n.tx_comm->recv(1, {&tile, 1}, stream);
     rings.tx.mark_ready(slot, stream);
   }
@@ -573,9 +571,7 @@ void DevicePlane::send_host(DeviceSessionRings& rings, uint32_t slot, const void
     const auto stream = n.send_stream->get();
     rings.rx.wait_ready(slot, stream);
     const size_t esize = transport::dtype_bytes(dtype);
-    const transport::SendTile tile{
-        rings.rx.slot(slot), bytes / esize,
-        dtype == transport::DType::bf16 ? TileDType::bf16 : TileDType::f32};
+    const transport::SendTile tile{rings.rx.slot(slot), bytes / esize, dtype};
     n.rx_comm->send(1, {&tile, 1}, stream);
     rings.rx.mark_free(slot, stream);
   }

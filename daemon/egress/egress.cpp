@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "daemon/log.hpp"
-#include "transport/bf16.hpp"
+#include "kernels/bf16.hpp"
 
 namespace muon::daemon {
 
@@ -74,14 +74,7 @@ void Engine::send_update(const std::string& name, Param& p, NsJob& job) {
         }
         std::vector<std::byte> data(bytes);
         const float* src = host_update() + off;
-        if (dt == DType::f32) {
-          std::memcpy(data.data(), src, data.size());
-        } else {
-          for (int64_t i = 0; i < count; ++i) {
-            const uint16_t h = transport::f32_to_bf16(src[i]);
-            std::memcpy(data.data() + 2 * i, &h, 2);
-          }
-        }
+        narrow_from_f32(dt, {src, static_cast<size_t>(count)}, data.data());
         s->send_chunk(std::move(u), std::move(data));
       }
     }

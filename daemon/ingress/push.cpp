@@ -6,7 +6,7 @@
 
 #include "core/error.hpp"
 #include "daemon/log.hpp"
-#include "transport/bf16.hpp"
+#include "kernels/bf16.hpp"
 
 namespace muon::daemon {
 
@@ -75,9 +75,7 @@ void Engine::on_push(const SessionPtr& s, const Frame& f) {
         StepReducer* reducer = start_gathering(s, m, p);
         if (!reducer) return;  // refused (a lost rank): the error went out
         reducer->begin_attempt(s->rank, m.attempt);
-        reducer->add(s->rank, m.offset,
-                     Contribution{slot, dt == DType::bf16 ? TileDType::bf16 : TileDType::f32, true,
-                                  m.count});
+        reducer->add(s->rank, m.offset, Contribution{slot, dt, true, m.count});
         metrics_.chunk_received(m.kind, bytes);
         return;
       }
@@ -95,12 +93,8 @@ void Engine::on_push(const SessionPtr& s, const Frame& f) {
       values = {reinterpret_cast<const float*>(src), static_cast<size_t>(m.count)};
     } else {
       if (widen_.size() < static_cast<size_t>(m.count)) widen_.resize(static_cast<size_t>(m.count));
-      for (int64_t i = 0; i < m.count; ++i) {
-        uint16_t h;
-        std::memcpy(&h, src + 2 * i, 2);
-        widen_[i] = transport::bf16_to_f32(h);
-      }
       values = {widen_.data(), static_cast<size_t>(m.count)};
+      widen_to_f32(DType::bf16, src, {widen_.data(), values.size()});
     }
     if (m.kind == transport::ChunkKind::momentum) {
       load_momentum(m, p, values);
