@@ -5,6 +5,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
@@ -135,6 +137,32 @@ struct DevicePlane::Impl {
   DeviceStream receive, compute, ret, host;
   DeviceStream staging;  // host chunks into result slots (send_host)
   DeviceMuon muon;       // the worker thread's only
+
+  // The NCCL joining threads (join_nccl): owned, never detached, so that none outlives the
+  // plane (and the Engine and io_context its callbacks post to). Finished ones are joined when
+  // the next join starts; the rest in ~DevicePlane, each within its join timeout.
+  struct Joiner {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> finished;
+  };
+  std::mutex joiners_mu;  // joiners: the io thread adds, ~DevicePlane drains
+  std::vector<Joiner> joiners;
+  void join_finished_joiners() {
+    std::lock_guard lock(joiners_mu);
+    std::erase_if(joiners, [](Joiner& j) {
+      if (!j.finished->load()) return false;
+      j.thread.join();
+      return true;
+    });
+  }
+  void join_all_joiners() {
+    std::vector<Joiner> all;
+    {
+      std::lock_guard lock(joiners_mu);
+      all.swap(joiners);
+    }
+    for (auto& j : all) j.thread.join();
+  }
 };
 
 namespace {
@@ -199,6 +227,7 @@ DevicePlane::DevicePlane(const DevicePlaneConfig& config) : config_(config) {
 
 DevicePlane::~DevicePlane() {
   if (impl_) {
+    impl_->join_all_joiners();  // before the sync: a join's warm-up transfers end with it
     MUON_CUDA_CHECK_NOTHROW(cudaSetDevice(config_.device));
     MUON_CUDA_CHECK_NOTHROW(cudaDeviceSynchronize());  // nothing queued may outlive its buffers
   }
@@ -619,7 +648,10 @@ void DevicePlane::join_nccl(const DeviceRingsPtr& rings, std::chrono::millisecon
   if (!rings || !rings->nccl) throw InvalidArgument("not an nccl session");
   // The thread holds the NCCL state, not the rings: a session closed meanwhile frees its rings;
   // the communicators go when the thread is done with them.
-  std::thread([n = rings->nccl, device = config_.device, timeout, done = std::move(done)] {
+  impl_->join_finished_joiners();
+  auto finished = std::make_shared<std::atomic<bool>>(false);
+  std::thread thread([n = rings->nccl, device = config_.device, timeout, done = std::move(done),
+                      finished] {
     try {
       MUON_CUDA_CHECK(cudaSetDevice(device));
       n->tx_comm = std::make_unique<transport::NcclComm>(n->tx_id, 2, 0, timeout);
@@ -639,7 +671,10 @@ void DevicePlane::join_nccl(const DeviceRingsPtr& rings, std::chrono::millisecon
       n->failed = true;
       done(e.what());
     }
-  }).detach();
+    *finished = true;
+  });
+  std::lock_guard lock(impl_->joiners_mu);
+  impl_->joiners.push_back({std::move(thread), std::move(finished)});
 #else
   (void)rings;
   (void)timeout;

@@ -148,7 +148,9 @@ class DevicePlane {
       const DeviceSessionRings& rings);
   /// Joins both communicators as rank 0 (tx, then rx, as the client does) on a thread of its
   /// own, waiting up to `timeout` for the client, then calls `done` on that thread with "" or
-  /// the error. Data-plane calls on the session before `done("")` throw InvalidArgument.
+  /// the error. Data-plane calls on the session before `done("")` throw InvalidArgument. The
+  /// plane owns the thread (never detached): ~DevicePlane waits for joins still in progress,
+  /// each at most `timeout`, so `done` never runs after the plane is gone.
   void join_nccl(const DeviceRingsPtr& rings, std::chrono::milliseconds timeout,
                  std::function<void(const std::string& error)> done);
 

@@ -65,7 +65,8 @@ bool Engine::open_data_plane(const SessionPtr& s, const transport::Hello& m, tra
       std::tie(ok.nccl_tx_id, ok.nccl_rx_id) = DevicePlane::nccl_ids(*rings);
       // The client joins both communicators once it has the ids (the server drops one that
       // does not within the step timeout); results wait as host bytes until then. The callback
-      // runs on the joining thread, which may outlive this Engine: `alive_` says.
+      // runs on the joining thread, which the plane joins before it goes; `alive_` (gone
+      // first in ~Engine) keeps a join that ends during teardown from posting.
       std::weak_ptr<Session> weak = s;
       std::weak_ptr<bool> alive = alive_;
       device_->join_nccl(
