@@ -1,11 +1,12 @@
-// The Engine's side of the step machine (step/step_machine.hpp): the open step and
-// its deadline, the hand-off to the worker (owned) or the owner (relayed), the results coming
-// back, lost ranks and dropped steps.
+// The Engine's side of the step machine (step/step_machine.hpp): the open step and its
+// deadline, the hand-off through the parameter's role (step/parameter_role.hpp), the results
+// coming back, lost ranks and dropped steps.
 #include "daemon/engine.hpp"
 
 #include <algorithm>
 #include <chrono>
 
+#include "core/clock.hpp"
 #include "core/error.hpp"
 #include "daemon/log.hpp"
 
@@ -14,14 +15,6 @@ namespace muon::daemon {
 namespace asio = boost::asio;
 using transport::ErrorMsg;
 using transport::MessageType;
-
-namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-}  // namespace
 
 void Engine::check_gradient_step(const transport::Push& m, const Param& p) const {
   p.steps.check_step(m.step);
