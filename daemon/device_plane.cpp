@@ -84,18 +84,12 @@ class DeviceSessionRings {
   transport::DeviceRing tx, rx;
 #if defined(MUON_HAVE_NCCL)
   std::shared_ptr<NcclSession> nccl;  // null on the cuda_ipc plane
-  /// The communicators, once joined. The client pushes only after its own join and warm-up
-  /// returned, which can be a moment before the joining thread here has marked them ready: wait
-  /// for that (up to 5 s, on the io thread) rather than refuse the push. (Results never get
-  /// here early: the session holds them until it is told the plane is ready.)
+  /// The communicators, once joined. The client pushes once its own join and warm-up returned,
+  /// which can be a moment before the joining thread here is done; the session holds its
+  /// frames (and results) until the join's outcome reached the io thread
+  /// (Session::hold_data_plane), so nothing waits here.
   NcclSession& joined() const {
-    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-    while (!nccl->ready) {
-      if (nccl->failed || std::chrono::steady_clock::now() > give_up) {
-        throw InvalidArgument("the session's NCCL communicators are not joined");
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+    if (!nccl->ready) throw InvalidArgument("the session's NCCL communicators are not joined");
     return *nccl;
   }
 #endif

@@ -29,17 +29,32 @@ void Session::read_more() {
     try {
       self->decoder_.feed(self->read_buf_.data(), n);
       while (auto frame = self->decoder_.next()) {
-        self->on_frame_(self, std::move(*frame));
-        if (self->closed_ || self->closing_) return;
+        if (!self->deliver(std::move(*frame))) return;
       }
     } catch (const transport::ProtocolError& e) {
-      // The byte stream can no longer be trusted: tell the client why, then drop it.
-      self->send_error({"protocol", e.message(), "", -1, -1});
-      self->close(e.message());
+      self->protocol_failed(e);
       return;
     }
     self->read_more();
   });
+}
+
+bool Session::deliver(Frame frame) {
+  // While the data plane is held, a push (its bytes arrive through a transfer the data plane
+  // cannot post yet) and every frame after it wait, in order, for set_data_plane_ready().
+  if (!data_plane_ready_ &&
+      (!held_frames_.empty() || frame.type == static_cast<uint16_t>(MessageType::push))) {
+    held_frames_.push_back(std::move(frame));
+    return true;
+  }
+  on_frame_(shared_from_this(), std::move(frame));
+  return !closed_ && !closing_;
+}
+
+void Session::protocol_failed(const transport::ProtocolError& e) {
+  // The byte stream can no longer be trusted: tell the client why, then drop it.
+  send_error({"protocol", e.message(), "", -1, -1});
+  close(e.message());
 }
 
 void Session::send(MessageType type, const std::string& payload, uint32_t request_id) {
@@ -90,6 +105,15 @@ void Session::use_device_rings(DeviceRingsPtr rings, uint32_t rx_slots, RxWriter
 void Session::set_data_plane_ready() {
   data_plane_ready_ = true;
   flush_chunks();
+  auto held = std::move(held_frames_);
+  held_frames_.clear();
+  try {
+    for (auto& frame : held) {
+      if (closed_ || !deliver(std::move(frame))) return;
+    }
+  } catch (const transport::ProtocolError& e) {
+    protocol_failed(e);
+  }
 }
 
 std::optional<uint32_t> Session::free_rx_slot() {
@@ -177,6 +201,7 @@ void Session::finish(const std::string& why) {
   socket_.shutdown(Socket::shutdown_both, ignored);
   socket_.close(ignored);
   pending_.clear();
+  held_frames_.clear();
   write_queue_.clear();
   if (segment) transport::ShmSegment::remove(segment->name());  // in case the client never mapped
   on_close_(shared_from_this(), why);

@@ -74,12 +74,15 @@ class Session : public std::enable_shared_from_this<Session> {
   bool nccl = false;
   /// TCP sessions: closes the session when no hello came in time (set by the Server).
   std::unique_ptr<boost::asio::steady_timer> hello_timer;
-  /// Result slots may be written (false while an nccl session's communicators are being
-  /// joined: chunks wait as host bytes). Set it with set_data_plane_ready().
+  /// The data plane may be used (false while an nccl session's communicators are being joined).
+  /// Set it with set_data_plane_ready().
   bool data_plane_ready() const { return data_plane_ready_; }
-  /// Holds result chunks as host bytes until set_data_plane_ready().
+  /// Until set_data_plane_ready(): result chunks wait as host bytes, and the client's first push
+  /// and every frame after it wait unhandled (a push's bytes come through a transfer the plane
+  /// cannot post before it is joined), so that no handler has to wait for the join.
   void hold_data_plane() { data_plane_ready_ = false; }
-  /// Marks the data plane usable and writes the chunks that waited for it.
+  /// Marks the data plane usable, writes the chunks that waited for it and hands the held frames
+  /// to the frame handler, in order (io thread).
   void set_data_plane_ready();
   std::string client_name;
   std::optional<transport::ShmSegment> segment;
@@ -90,6 +93,10 @@ class Session : public std::enable_shared_from_this<Session> {
 
  private:
   void read_more();
+  /// Hands `frame` to the frame handler, or holds it (hold_data_plane). False once the session
+  /// is closing. Throws what the handler throws.
+  bool deliver(transport::Frame frame);
+  void protocol_failed(const transport::ProtocolError& e);
   void write_next();
   void flush_chunks();
   /// A write into a result slot failed (a CUDA or NCCL error): error frame, then close.
@@ -115,6 +122,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool frame_first_ = false;
   bool data_plane_ready_ = true;
   std::deque<std::pair<transport::Update, std::vector<std::byte>>> pending_;
+  std::deque<transport::Frame> held_frames_;  // while the data plane is held
 };
 
 }  // namespace muon::daemon

@@ -3,6 +3,8 @@
 // slot (send_chunk_direct, the device-to-device path) only while nothing waits before it; a
 // chunk without a credit waits as host bytes and is written through the session's rx writer,
 // in order, as update_acks return slots; every update frame names the slot its bytes went to.
+// While the data plane is held (an nccl join), the client's frames from its first push on wait
+// for it, in order.
 // A real Session on a real socket pair; the peer's side reads the frames.
 #include <gtest/gtest.h>
 
@@ -143,4 +145,42 @@ TEST(SessionRings, FailedWriteSendsAnErrorAndCloses) {
   const auto e = transport::decode<transport::ErrorMsg>(frames[1].payload);
   EXPECT_EQ(e.code, "data_plane");
   EXPECT_NE(e.message.find("ncclSend failed"), std::string::npos) << e.message;
+}
+
+// An nccl session whose communicators are still being joined (hold_data_plane) holds the
+// client's first push and every frame after it, then hands them to the handler in order once
+// the plane is ready; frames before the first push go through at once. No handler waits.
+TEST(SessionRings, HeldDataPlaneKeepsAPushAndWhatFollowsUntilReady) {
+  using transport::MessageType;
+  asio::io_context io;
+  asio::local::stream_protocol::socket server_side(io), client_side(io);
+  asio::local::connect_pair(server_side, client_side);
+  std::vector<std::pair<uint16_t, uint32_t>> handled;  // (type, request id), in order
+  auto session = std::make_shared<Session>(
+      Session::Socket(std::move(server_side)), 1,
+      [&](const auto&, transport::Frame f) { handled.emplace_back(f.type, f.request_id); },
+      [](const auto&, const std::string&) {});
+  session->hold_data_plane();
+  session->start();
+  const auto send = [&](MessageType type, uint32_t request) {
+    const auto bytes = transport::encode_frame({static_cast<uint16_t>(type), request, "{}"});
+    asio::write(client_side, asio::buffer(bytes));
+  };
+  const auto t = [](MessageType type, uint32_t request) {
+    return std::make_pair(static_cast<uint16_t>(type), request);
+  };
+  send(MessageType::register_param, 1);
+  send(MessageType::push, 2);
+  send(MessageType::commit, 3);
+  send(MessageType::health, 4);  // after the push: held too, so the order holds
+  io.run_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(handled, (std::vector{t(MessageType::register_param, 1)}));
+  session->set_data_plane_ready();
+  EXPECT_EQ(handled, (std::vector{t(MessageType::register_param, 1), t(MessageType::push, 2),
+                                  t(MessageType::commit, 3), t(MessageType::health, 4)}));
+  send(MessageType::push, 5);  // once ready, straight through
+  io.run_for(std::chrono::milliseconds(200));
+  ASSERT_EQ(handled.size(), 5u);
+  EXPECT_EQ(handled.back(), t(MessageType::push, 5));
+  EXPECT_FALSE(session->closed());
 }
