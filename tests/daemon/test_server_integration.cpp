@@ -97,6 +97,47 @@ TEST(ServerIntegrationGpu, RankProcessesOverCudaIpcAreBitwiseTheCudaKernels) {
   fs::remove_all(dir);
 }
 
+// gpu-review F2 / issue 19: a cuda_ipc rank killed mid-push (its ready events recorded on the
+// server's receive stream, some never to come) must not wedge the server. The other rank gets
+// peer_lost naming it well before the step timeout, the server still answers, and a rerun of
+// the lost step by both ranks over cuda_ipc is bitwise the uninterrupted run.
+TEST(ServerIntegrationGpu, CudaIpcRankKilledMidPushLeavesTheServerServing) {
+#if defined(MUON_HAVE_CUDA)
+  if (const auto why = cuda_unavailable_reason(); !why.empty()) GTEST_SKIP() << why;
+#else
+  GTEST_SKIP() << "built without CUDA";
+#endif
+  const auto dir = temp_dir();
+  const std::string mode = "flat_uneven";
+  const std::vector<std::string> ipc = {"--data-plane", "cuda_ipc", "--device-buffers"};
+  const auto with = [&](std::vector<std::string> args) {
+    args.insert(args.end(), ipc.begin(), ipc.end());
+    return args;
+  };
+  ServerProcess server(dir, {"--backend", "cuda", "--step-timeout-ms", "20000"}, "gpu_kill");
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r0 = start_client(dir, {server.socket()}, 0, 2, mode, with({"--steps", "2"}));
+  auto r1 = start_client(dir, {server.socket()}, 1, 2, mode,
+                         with({"--steps", "2", "--die-at-step", "1"}));
+  EXPECT_EQ(wait_exit(r1.pid, 120s), 9);
+  EXPECT_EQ(wait_exit(r0.pid, 120s), 3);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 60s);  // not the step timeout, not a hang
+  const auto err = read_err(r0.out);
+  EXPECT_EQ(err.code, "peer_lost") << err.message;
+  EXPECT_NE(err.message.find("rank 1"), std::string::npos) << err.message;
+  ASSERT_TRUE(alive(server.pid()));
+  auto a0 = start_client(dir, {server.socket()}, 0, 2, mode,
+                         with({"--start-step", "1", "--steps", "2"}));
+  auto a1 = start_client(dir, {server.socket()}, 1, 2, mode,
+                         with({"--start-step", "1", "--steps", "2"}));
+  ASSERT_EQ(wait_exit(a0.pid, 120s), 0) << read_err(a0.out).message;
+  ASSERT_EQ(wait_exit(a1.pid, 120s), 0) << read_err(a1.out).message;
+  const auto ref = reference_updates(mode, 2, 3, kThreads, -1, 0, "cuda");
+  expect_bitwise(a0.out, ref, 1, 2, "rank 0 after the loss");
+  expect_bitwise(a1.out, ref, 1, 2, "rank 1 after the loss");
+  fs::remove_all(dir);
+}
+
 TEST(ServerIntegration, SnapshotKillRestartIsBitwiseEqualToAnUninterruptedRun) {
   const auto dir = temp_dir();
   const std::string snap = (dir / "momentum.safetensors").string();
