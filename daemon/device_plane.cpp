@@ -14,6 +14,8 @@
 
 #include "core/cuda_check.hpp"
 #include "core/error.hpp"
+#include "daemon/device_event.hpp"
+#include "daemon/nccl_session.hpp"
 #include "daemon/scheduler.hpp"
 #include "daemon/step/param_storage.hpp"
 #include "daemon/step/step_runner.hpp"
@@ -24,28 +26,9 @@
 #include "kernels/device_probe.hpp"
 #include "kernels/tile_reduce.hpp"
 #include "transport/cuda_ipc.hpp"
-#if defined(MUON_HAVE_NCCL)
-#include "transport/nccl_comm.hpp"
-#endif
 
 namespace muon::daemon {
 namespace {
-
-cudaEvent_t make_event() {
-  cudaEvent_t e = nullptr;
-  MUON_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  return e;
-}
-
-// A stream waiting on an event that was never recorded does not wait: the first step of a
-// parameter waits for nothing it has not produced.
-struct OwnedEvent {
-  cudaEvent_t e = make_event();
-  OwnedEvent() = default;
-  OwnedEvent(const OwnedEvent&) = delete;
-  OwnedEvent& operator=(const OwnedEvent&) = delete;
-  ~OwnedEvent() { MUON_CUDA_CHECK_NOTHROW(cudaEventDestroy(e)); }
-};
 
 size_t f32_bytes(int64_t n) {
   return static_cast<size_t>(n) * sizeof(float);
@@ -61,56 +44,28 @@ class DeviceParamState {
   OwnedEvent grad_ready, released;
 };
 
-#if defined(MUON_HAVE_NCCL)
-// A session's NCCL side: the communicators and the streams their transfers run on (one per
-// direction: a communicator is used from one stream at a time). Shared with the joining thread.
-struct NcclSession {
-  int device = 0;
-  transport::NcclIdBytes tx_id{}, rx_id{};
-  std::unique_ptr<DeviceStream> recv_stream, send_stream;
-  OwnedEvent sent;      // the last transfer of send_stream, for the return stream to wait on
-  DeviceBuffer warmup;  // 2 floats for the warm-up transfers (allocated with the session: a
-                        // cudaFree on the joining thread would wait for every session's kernels)
-  std::atomic<bool> ready{false}, failed{false};
-  // Last: destroyed first, so that transfers still queued end before streams and buffers go.
-  std::unique_ptr<transport::NcclComm> tx_comm, rx_comm;  // set by the joining thread
-};
-#endif
-
 class DeviceSessionRings {
  public:
   DeviceSessionRings(uint32_t tx_slots, uint32_t rx_slots, uint64_t slot_bytes)
       : tx(tx_slots, slot_bytes), rx(rx_slots, slot_bytes) {}
   transport::DeviceRing tx, rx;
-#if defined(MUON_HAVE_NCCL)
-  std::shared_ptr<NcclSession> nccl;  // null on the cuda_ipc plane
-  /// The communicators, once joined. The client pushes once its own join and warm-up returned,
-  /// which can be a moment before the joining thread here is done; the session holds its
-  /// frames (and results) until the join's outcome reached the io thread
-  /// (Session::hold_data_plane), so nothing waits here.
-  NcclSession& joined() const {
-    if (!nccl->ready) throw InvalidArgument("the session's NCCL communicators are not joined");
-    return *nccl;
-  }
-#endif
+  std::shared_ptr<NcclSession> nccl;  // null on the cuda_ipc plane (daemon/nccl_session.hpp)
 };
 
 void DeviceParamStateDeleter::operator()(DeviceParamState* p) const noexcept {
   delete p;
 }
 void DeviceSessionRingsDeleter::operator()(DeviceSessionRings* p) const noexcept {
-#if defined(MUON_HAVE_NCCL)
   if (p != nullptr && p->nccl) {
     // Off the io thread, communicators first: destroying them ends (aborts, after a dead peer)
     // the transfers still queued into the rings, which cudaFree would otherwise wait for.
     std::thread([p] {
-      cudaSetDevice(p->nccl->device);
+      cudaSetDevice(nccl_session_device(*p->nccl));
       p->nccl.reset();
       delete p;
     }).detach();
     return;
   }
-#endif
   delete p;
 }
 
@@ -504,19 +459,8 @@ const transport::DeviceRingDescriptor& DevicePlane::rx_descriptor(const DeviceSe
 const void* DevicePlane::begin_receive(DeviceSessionRings& rings, uint32_t slot, int64_t count,
                                        transport::DType dtype) {
   MUON_CUDA_CHECK(cudaSetDevice(config_.device));
-#if defined(MUON_HAVE_NCCL)
-  if (rings.nccl) {  // the client's ncclSend of this chunk, posted in push order
-    auto& n = rings.joined();
-    const auto stream = n.recv_stream->get();
-    rings.tx.wait_free(slot, stream);  // the previous chunk of the slot was reduced
-    const transport::RecvTile tile{rings.tx.slot(slot), static_cast<size_t>(count), dtype};
-    n.tx_comm->recv(1, {&tile, 1}, stream);
-    rings.tx.mark_ready(slot, stream);
-  }
-#else
-  (void)count;
-  (void)dtype;
-#endif
+  // nccl: the client's ncclSend of this chunk, received in push order.
+  if (rings.nccl) nccl_receive(*rings.nccl, rings.tx, slot, count, dtype);
   rings.tx.wait_ready(slot, impl_->receive.get());
   return rings.tx.slot(slot);
 }
@@ -545,23 +489,10 @@ void DevicePlane::send_update(DeviceSessionRings& rings, uint32_t slot,
   }
   MUON_CUDA_CHECK(cudaSetDevice(config_.device));
   const float* src = param.update.as<float>() + offset;
-#if defined(MUON_HAVE_NCCL)
   if (rings.nccl) {  // the client posts the matching ncclRecv when the update frame arrives
-    auto& n = rings.joined();
-    const auto stream = n.send_stream->get();
-    transport::SendTile tile{src, static_cast<size_t>(count), TileDType::f32};
-    if (dtype == transport::DType::bf16) {  // narrowed into the (local) result slot first
-      narrow_to_bf16_device(src, static_cast<uint16_t*>(rings.rx.slot(slot)), count, stream);
-      tile = {rings.rx.slot(slot), static_cast<size_t>(count), TileDType::bf16};
-    }
-    n.rx_comm->send(1, {&tile, 1}, stream);
-    rings.rx.mark_free(slot, stream);  // a later host chunk may overwrite the slot after this
-    // The next step may overwrite the update once this send is done (updates_enqueued).
-    MUON_CUDA_CHECK(cudaEventRecord(n.sent.e, stream));
-    MUON_CUDA_CHECK(cudaStreamWaitEvent(impl_->ret.get(), n.sent.e, 0));
+    nccl_send_update(*rings.nccl, rings.rx, slot, src, count, dtype, impl_->ret.get());
     return;
   }
-#endif
   const auto stream = impl_->ret.get();
   rings.rx.wait_free(slot, stream);
   if (dtype == transport::DType::f32) {
@@ -588,93 +519,42 @@ void DevicePlane::send_host(DeviceSessionRings& rings, uint32_t slot, const void
       cudaMemcpyAsync(rings.rx.slot(slot), data, bytes, cudaMemcpyHostToDevice, staging));
   rings.rx.mark_ready(slot, staging);
   impl_->staging.synchronize();
-#if defined(MUON_HAVE_NCCL)
-  if (rings.nccl) {  // then sent from the slot on the session's send stream
-    auto& n = rings.joined();
-    const auto stream = n.send_stream->get();
-    rings.rx.wait_ready(slot, stream);
-    const size_t esize = transport::dtype_bytes(dtype);
-    const transport::SendTile tile{rings.rx.slot(slot), bytes / esize, dtype};
-    n.rx_comm->send(1, {&tile, 1}, stream);
-    rings.rx.mark_free(slot, stream);
-  }
-#else
-  (void)dtype;
-#endif
+  // nccl: then sent from the slot on the session's send stream.
+  if (rings.nccl) nccl_send_slot(*rings.nccl, rings.rx, slot, bytes, dtype);
 }
 
 DeviceRingsPtr DevicePlane::make_nccl_session(uint32_t tx_slots, uint32_t rx_slots,
                                               uint64_t slot_bytes) {
-#if defined(MUON_HAVE_NCCL)
-  MUON_CUDA_CHECK(cudaSetDevice(config_.device));
+  auto nccl = open_nccl_session(config_.device);  // BackendUnavailable without NCCL
   auto rings = make_session_rings(tx_slots, rx_slots, slot_bytes);
-  auto n = std::make_shared<NcclSession>();
-  n->device = config_.device;
-  n->tx_id = transport::new_nccl_id();
-  n->rx_id = transport::new_nccl_id();
-  // Default priority: NCCL documents that communicators whose streams differ in priority may
-  // break when used concurrently on one GPU (gpu-review F4, F9).
-  n->recv_stream = std::make_unique<DeviceStream>(StreamPriority::normal);
-  n->send_stream = std::make_unique<DeviceStream>(StreamPriority::normal);
-  n->warmup.reserve(2 * sizeof(float));
-  rings->nccl = std::move(n);
+  rings->nccl = std::move(nccl);
   return rings;
-#else
-  (void)tx_slots;
-  (void)rx_slots;
-  (void)slot_bytes;
-  throw BackendUnavailable("data plane nccl: this server was built without NCCL");
-#endif
 }
 
 std::pair<transport::NcclIdBytes, transport::NcclIdBytes> DevicePlane::nccl_ids(
     const DeviceSessionRings& rings) {
-#if defined(MUON_HAVE_NCCL)
-  if (rings.nccl) return {rings.nccl->tx_id, rings.nccl->rx_id};
-#endif
-  (void)rings;
-  throw InvalidArgument("not an nccl session");
+  if (!rings.nccl) throw InvalidArgument("not an nccl session");
+  return nccl_session_ids(*rings.nccl);
 }
 
 void DevicePlane::join_nccl(const DeviceRingsPtr& rings, std::chrono::milliseconds timeout,
                             std::function<void(const std::string& error)> done) {
-#if defined(MUON_HAVE_NCCL)
   if (!rings || !rings->nccl) throw InvalidArgument("not an nccl session");
   // The thread holds the NCCL state, not the rings: a session closed meanwhile frees its rings;
   // the communicators go when the thread is done with them.
   impl_->join_finished_joiners();
   auto finished = std::make_shared<std::atomic<bool>>(false);
-  std::thread thread([n = rings->nccl, device = config_.device, timeout, done = std::move(done),
-                      finished] {
+  std::thread thread([n = rings->nccl, timeout, done = std::move(done), finished] {
     try {
-      MUON_CUDA_CHECK(cudaSetDevice(device));
-      n->tx_comm = std::make_unique<transport::NcclComm>(n->tx_id, 2, 0, timeout);
-      n->rx_comm = std::make_unique<transport::NcclComm>(n->rx_id, 2, 0, timeout);
-      // Connect both now (the client does the same after its join): a communicator's first
-      // transfer sets up the connection and cannot return before the peer made its call; later
-      // calls on the io thread then only enqueue.
-      const transport::RecvTile in{n->warmup.as<float>(), 1, TileDType::f32};
-      const transport::SendTile out{n->warmup.as<float>() + 1, 1, TileDType::f32};
-      n->tx_comm->recv(1, {&in, 1}, n->recv_stream->get());
-      n->rx_comm->send(1, {&out, 1}, n->send_stream->get());
-      n->tx_comm->wait(n->recv_stream->get(), timeout);
-      n->rx_comm->wait(n->send_stream->get(), timeout);
-      n->ready = true;
+      join_nccl_session(*n, timeout);
       done("");
     } catch (const std::exception& e) {
-      n->failed = true;
       done(e.what());
     }
     *finished = true;
   });
   std::lock_guard lock(impl_->joiners_mu);
   impl_->joiners.push_back({std::move(thread), std::move(finished)});
-#else
-  (void)rings;
-  (void)timeout;
-  (void)done;
-  throw BackendUnavailable("data plane nccl: this server was built without NCCL");
-#endif
 }
 
 void DevicePlane::updates_enqueued(DeviceParamState& param) {
