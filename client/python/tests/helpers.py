@@ -1,4 +1,6 @@
 """A tiny model with every kind of tensor the optimizer routes, and a deterministic loop."""
+import socket
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -71,3 +73,10 @@ def same_params(a, b) -> bool:
 
 def param_diff(a, b):
     return [n for (n, p), q in zip(a.named_parameters(), b.parameters()) if not torch.equal(p, q)]
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for torch.distributed's tcp:// init)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

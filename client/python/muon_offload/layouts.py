@@ -1,0 +1,251 @@
+"""Storage layouts: what a rank holds of a sharded parameter, as blocks over the global matrix
+(the architecture guide, section 10). The one home of "DTensor placements -> element ranges".
+
+A parameter of a sharded model (FSDP2 ``fully_shard``, tensor parallel ``parallelize_module``,
+both on a 2-D mesh, expert stacks sharded on the expert dimension) is a DTensor: a global shape,
+a device mesh and one placement per mesh dimension. :func:`storage_layout` turns that into a
+:class:`StorageLayout`: per tensor dimension the global indices this rank holds (one interval for
+every placement torch uses: ``Shard``, the uneven last shard and an empty one included, and the
+``_StridedShard`` of FSDP x TP), the element ranges of the flattened global tensor that the
+registration names (``held``: what this rank pushes, ``wanted``: the update it gets back), and
+the contributor count the server sums per element.
+
+The index sets come from torch's own split (``placement._split_tensor`` on index vectors, mesh
+dimension by mesh dimension, as ``distribute_tensor`` does), so they are DTensor's semantics by
+construction, uneven chunks and strided shards included. Replicate placements:
+
+- a mesh dimension whose ranks hold *the same* gradient (TP's replicated parameters, FSDP's HSDP
+  replicas when FSDP all-reduces them): only coordinate 0 pushes, every rank wants the update;
+- a mesh dimension listed in ``summed_mesh_dims`` (HSDP replicas whose all-reduce is left to the
+  server): every rank pushes, the server sums them (``contributors`` = the product of those
+  dimensions' sizes) — the pusher divides by ``contributors`` to keep the mean.
+
+Anything else (``Partial``, an unknown placement, a local shard whose indices are not ascending,
+a mesh that spans part of the job without a root mesh naming the rest) raises
+:class:`~muon_offload.InvalidArgument` naming the parameter and the placement: never a silent
+all-gather.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+
+from ._native import InvalidArgument
+
+Range = Tuple[int, int]
+
+__all__ = ["StorageLayout", "storage_layout", "is_dtensor", "local_tensor", "ranges_bytes"]
+
+
+def is_dtensor(t) -> bool:
+    """True for a torch.distributed DTensor (a parameter or gradient of FSDP2 / TP)."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch without distributed
+        return False
+    return isinstance(t, DTensor)
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The rank's own tensor of a DTensor (the storage the optimizer reads and updates in
+    place; no communication), ``t`` itself otherwise."""
+    return t._local_tensor if is_dtensor(t) else t
+
+
+def ranges_bytes(ranges: Sequence[Range], element_size: int) -> int:
+    """Bytes of ``ranges`` of elements of ``element_size`` bytes each."""
+    return sum(e - b for b, e in ranges) * element_size
+
+
+@dataclasses.dataclass(frozen=True)
+class StorageLayout:
+    """What one rank holds of one parameter (see the module docstring).
+
+    Attributes:
+        shape: the global tensor shape (ints).
+        intervals: per tensor dimension, the half-open global index intervals held, ascending
+            (one interval for every torch placement; a rank with no rows has ``[]`` there).
+        local_shape: the shape of the rank's local tensor (the product of the intervals).
+        held: element ranges [begin, end) of the flattened global tensor this rank pushes
+            (``[]`` when another rank pushes the same copy), ascending and merged.
+        wanted: element ranges this rank receives updates for: exactly its local tensor, packed
+            in ascending order = the local tensor in row-major order.
+        contributors: how many ranks push each element (the server sums them); the pushed
+            gradient is the local one divided by this count.
+        placements: the placements as text, for messages.
+    """
+    shape: Tuple[int, ...]
+    intervals: Tuple[Tuple[Range, ...], ...]
+    local_shape: Tuple[int, ...]
+    held: Tuple[Range, ...]
+    wanted: Tuple[Range, ...]
+    contributors: int
+    placements: str
+
+    @property
+    def local_numel(self) -> int:
+        return math.prod(self.local_shape)
+
+    def row_segments(self, blocks: Sequence[int], row_dim: int) -> List[Tuple[int, int, int]]:
+        """The local tensor's row-major elements cut by compute blocks of rows: ``blocks`` are
+        row counts along tensor dimension ``row_dim`` (the matrix's rows: 0 for a matrix or a
+        conv weight seen as (out, in*kh*kw), 1 for an expert stack [E, r, c]), summing to its
+        size. Returns ``[(local_begin, local_end, block_rows)]`` covering [0, local_numel) in
+        order, adjacent pieces of the same block size merged. The apply rule scales each piece
+        by its block's lr factor (the block's global shape, never the local shard's)."""
+        cuts, r = [], 0
+        for rows in blocks:
+            cuts.append((r, r + rows, rows))
+            r += rows
+        row_elems = math.prod(self.local_shape[row_dim + 1:])
+        out: List[Tuple[int, int, int]] = []
+        pos = 0
+        lead = math.prod(self.local_shape[:row_dim])
+        for _ in range(lead):
+            for a, b in self.intervals[row_dim]:
+                for c0, c1, rows in cuts:
+                    lo, hi = max(a, c0), min(b, c1)
+                    if hi <= lo:
+                        continue
+                    n = (hi - lo) * row_elems
+                    if out and out[-1][2] == rows and out[-1][1] == pos:
+                        out[-1] = (out[-1][0], pos + n, rows)
+                    else:
+                        out.append((pos, pos + n, rows))
+                    pos += n
+        return out
+
+
+def _placement_text(placements) -> str:
+    return "(" + ", ".join(str(p) for p in placements) + ")"
+
+
+def _root_replicas(name: str, mesh, world_size: Optional[int]) -> Tuple[bool, int]:
+    """(whether this rank's copy of ``mesh`` is the one that pushes, how many copies): a
+    DTensor on a sub-mesh (FSDP on the "dp" dimension of a dp x tp mesh, for a parameter TP
+    leaves whole) has one copy per coordinate of the root mesh's other dimensions, all holding
+    the same gradient; the copy at coordinate 0 of those dimensions pushes."""
+    get_root = getattr(mesh, "_get_root_mesh", None)
+    root = get_root() if get_root is not None else mesh
+    if root is None or root is mesh or root.ndim == mesh.ndim:
+        if world_size is not None and mesh.size() != world_size:
+            raise InvalidArgument(
+                f"parameter '{name}': its DTensor mesh has {mesh.size()} of the job's "
+                f"{world_size} ranks and no root mesh names the others, so which rank pushes "
+                "each copy is unknown: build the meshes with one init_device_mesh and slice it")
+        return True, 1
+    names, root_names = mesh.mesh_dim_names or (), root.mesh_dim_names or ()
+    if not names or not set(names) <= set(root_names):
+        raise InvalidArgument(
+            f"parameter '{name}': its mesh dimensions {names} are not dimensions of the root "
+            f"mesh {root_names} (a flattened sub-mesh): not supported")
+    coord = root.get_coordinate()
+    others = [i for i, n in enumerate(root_names) if n not in names]
+    first = all(coord[i] == 0 for i in others)
+    return first, math.prod(root.size(i) for i in others)
+
+
+def storage_layout(name: str, param: torch.Tensor, summed_mesh_dims: Sequence[int] = (),
+                   world_size: Optional[int] = None) -> StorageLayout:
+    """The storage layout of DTensor ``param`` on this rank (see the module docstring).
+
+    Args:
+        name: the parameter's name, for messages.
+        param: a DTensor (its ``device_mesh``, ``placements`` and global ``shape`` are read; no
+            communication).
+        summed_mesh_dims: mesh dimensions (indices into ``param.device_mesh``) with a Replicate
+            placement whose ranks hold different gradients the server sums (HSDP replicas when
+            FSDP's own all-reduce is switched off).
+        world_size: the job's rank count, to check that the mesh covers the job.
+
+    Raises InvalidArgument naming the parameter and the placement for a placement it cannot
+    express (Partial, unknown kinds, a summed dimension that is not Replicate), TypeError for a
+    tensor that is not a DTensor.
+    """
+    if not is_dtensor(param):
+        raise TypeError(f"storage_layout: '{name}' is not a DTensor")
+    from torch.distributed.tensor import Replicate, Shard
+    mesh, placements = param.device_mesh, tuple(param.placements)
+    shape = tuple(int(s) for s in param.shape)
+    text = _placement_text(placements)
+    coord = mesh.get_coordinate()
+    if coord is None:
+        raise InvalidArgument(f"parameter '{name}': this rank is not in its DTensor mesh")
+    summed = set(int(d) for d in summed_mesh_dims)
+    idx = [torch.arange(n) for n in shape]
+    pushes, contributors = True, 1
+    for k, pl in enumerate(placements):
+        kind = type(pl).__name__
+        if isinstance(pl, Replicate):
+            if k in summed:
+                contributors *= mesh.size(k)
+            elif coord[k] != 0:
+                pushes = False
+            continue
+        if k in summed:
+            raise InvalidArgument(f"parameter '{name}': mesh dimension {k} is {pl}, not "
+                                  f"Replicate, so its ranks cannot be summed (placements {text})")
+        # Shard and _StridedShard (a Shard subclass in some torch versions, not in others).
+        if not (isinstance(pl, Shard) or kind == "_StridedShard") or not hasattr(pl, "dim"):
+            raise InvalidArgument(
+                f"parameter '{name}': placement {pl} on mesh dimension {k} (placements {text}) "
+                "cannot be expressed as blocks of the global matrix; a Partial parameter must be "
+                "reduced by the training stack first (muon-offload never all-gathers it)")
+        d = pl.dim if pl.dim >= 0 else pl.dim + len(shape)
+        # torch's own split on an index vector laid along dimension d.
+        v = idx[d].reshape([1] * d + [-1])
+        chunks, _ = pl._split_tensor(v, mesh.size(k), with_padding=False)
+        idx[d] = chunks[coord[k]].reshape(-1) if coord[k] < len(chunks) else idx[d][:0]
+    first_copy, copies = _root_replicas(name, mesh, None if world_size is None
+                                        else world_size)
+    pushes = pushes and first_copy
+    intervals = []
+    for d, v in enumerate(idx):
+        vals = v.tolist()
+        if any(b <= a for a, b in zip(vals, vals[1:])):
+            raise InvalidArgument(f"parameter '{name}': placements {text} give this rank "
+                                  f"indices of dimension {d} out of order: not supported")
+        ivs, start = [], None
+        for j, x in enumerate(vals):
+            if start is None:
+                start = x
+            if j + 1 == len(vals) or vals[j + 1] != x + 1:
+                ivs.append((start, x + 1))
+                start = None
+        intervals.append(tuple(ivs))
+    local_shape = tuple(sum(b - a for a, b in ivs) for ivs in intervals)
+    wanted = tuple(_element_ranges(shape, intervals))
+    return StorageLayout(shape=shape, intervals=tuple(intervals), local_shape=local_shape,
+                         held=wanted if pushes else (), wanted=wanted,
+                         contributors=contributors, placements=text)
+
+
+def _element_ranges(shape: Sequence[int], intervals: Sequence[Sequence[Range]]) -> List[Range]:
+    """Element ranges of the flattened ``shape`` covered by the product of per-dimension
+    ``intervals``, ascending and merged (row-major order: the local tensor's order)."""
+    if any(not ivs for ivs in intervals):
+        return []
+    strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+    out: List[Range] = []
+
+    whole = [len(ivs) == 1 and ivs[0] == (0, n) for ivs, n in zip(intervals, shape)]
+
+    def walk(d: int, base: int):
+        if d == len(shape) - 1 or all(whole[d + 1:]):
+            # The later dimensions are whole: each interval of d is one contiguous range.
+            for a, b in intervals[d]:
+                lo, hi = base + a * strides[d], base + b * strides[d]
+                if out and out[-1][1] == lo:
+                    out[-1] = (out[-1][0], hi)
+                else:
+                    out.append((lo, hi))
+            return
+        for a, b in intervals[d]:
+            for i in range(a, b):
+                walk(d + 1, base + i * strides[d])
+
+    walk(0, 0)
+    return out

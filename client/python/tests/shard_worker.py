@@ -1,0 +1,84 @@
+"""Bodies of the ranks of the sharded-model tests (spawned by test_layouts.py and test_fsdp.py):
+real DTensors from distribute_tensor, fully_shard and parallelize_module under gloo on the CPU."""
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+
+def _init(rank: int, world: int, init: str):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+
+
+def _packed(full: torch.Tensor, ranges) -> torch.Tensor:
+    flat = full.reshape(-1)
+    return torch.cat([flat[b:e] for b, e in ranges]) if ranges else flat[:0]
+
+
+def run_layouts(rank: int, world: int, init: str, outdir: str):
+    """World 4. For each DTensor: its layout, and whether the local tensor equals the packed
+    wanted ranges of the full tensor. Saves {case: (layout fields, local_ok)}, plus the refusal
+    message of a Partial placement."""
+    _init(rank, world, init)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor, DTensor
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+    from muon_offload.layouts import storage_layout
+    from muon_offload import InvalidArgument
+    out = {}
+
+    def record(case, dt, summed=()):
+        lay = storage_layout(case, dt, summed, world_size=world)
+        full = dt.full_tensor()  # the test's own all-gather, to check against
+        ok = torch.equal(_packed(full, lay.wanted), dt.to_local().reshape(-1))
+        out[case] = dict(held=list(lay.held), wanted=list(lay.wanted),
+                         contributors=lay.contributors, local_shape=lay.local_shape,
+                         local_ok=ok, intervals=lay.intervals)
+
+    try:
+        mesh = init_device_mesh("cpu", (world,))
+        g = torch.arange(5 * 6, dtype=torch.float32).reshape(5, 6)
+        record("shard0_uneven", distribute_tensor(g, mesh, [Shard(0)]))
+        record("shard1", distribute_tensor(torch.arange(3 * 8.).reshape(3, 8), mesh, [Shard(1)]))
+        record("replicate", distribute_tensor(g, mesh, [Replicate()]))
+        record("experts", distribute_tensor(torch.arange(6 * 2 * 3.).reshape(6, 2, 3), mesh,
+                                            [Shard(0)]))
+        torch.manual_seed(0)
+        fs = nn.Linear(6, 5, bias=False)
+        fully_shard(fs)
+        record("fsdp", fs.weight)
+        tp = nn.Sequential(nn.Linear(8, 4, bias=False), nn.Linear(4, 8, bias=False))
+        parallelize_module(tp, mesh, {"0": ColwiseParallel(), "1": RowwiseParallel()})
+        record("tp_colwise", tp[0].weight)
+        record("tp_rowwise", tp[1].weight)
+        mesh2 = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        m2 = nn.Sequential(nn.Linear(8, 6, bias=False), nn.ReLU(), nn.Linear(6, 8, bias=False),
+                           nn.Linear(8, 3, bias=False))
+        parallelize_module(m2, mesh2["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        fully_shard(m2, mesh=mesh2["dp"])
+        record("fsdp_tp_colwise", m2[0].weight)  # (_StridedShard(0, sf=2), Shard(0))
+        record("fsdp_tp_rowwise", m2[2].weight)  # (Shard(0), Shard(1))
+        record("fsdp_dp_only", m2[3].weight)     # on the dp sub-mesh, whole across tp
+        hs = nn.Linear(8, 5, bias=False)
+        fully_shard(hs, mesh=init_device_mesh("cpu", (2, 2), mesh_dim_names=("rep", "shard")))
+        record("hsdp", hs.weight)
+        record("hsdp_summed", hs.weight, summed=(0,))
+        partial = DTensor.from_local(torch.ones(2, 3), mesh, [Partial()])
+        try:
+            storage_layout("blocks.0.w", partial)
+            out["partial_error"] = None
+        except InvalidArgument as e:
+            out["partial_error"] = str(e)
+        try:
+            storage_layout("blocks.1.w", fs.weight, summed_mesh_dims=(0,))
+            out["summed_shard_error"] = None
+        except InvalidArgument as e:
+            out["summed_shard_error"] = str(e)
+        torch.save(out, os.path.join(outdir, f"layouts_{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
