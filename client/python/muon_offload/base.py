@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from ._native import InvalidArgument, NonFiniteGradient
 from .config import MuonConfig
+from .layouts import is_dtensor, local_tensor
 from .muon_param import MuonParam
 from .routing import Router, matrix_shape
 
@@ -225,26 +226,35 @@ class MuonOptimizerBase(torch.optim.Optimizer):
 
     def _adamw_step(self) -> None:
         """torch.optim.AdamW on the AdamW groups; their gradients averaged first unless DDP did
-        (attach_ddp)."""
+        (attach_ddp) or the training stack did (DTensor gradients: FSDP2's reduce-scatter)."""
         if self._adamw is None:
             return
         if self._ddp is None:
             self._average_([p.grad for g in self._adamw.param_groups for p in g["params"]
-                            if p.grad is not None])
+                            if p.grad is not None and not is_dtensor(p.grad)])
         self._adamw.step()
 
     def _apply(self, p: torch.Tensor, update: torch.Tensor, group: dict) -> None:
         """torch.optim.Muon's two in-place ops: W <- W*(1 - lr*wd), then W <- W - adjusted_lr*U
         with adjusted_lr = lr * adjust_lr(block shape) per row block (MuonConfig.lr_factor of
-        the group's adjust_lr_fn; 1 when the server applied a ``scale``)."""
+        the group's adjust_lr_fn; 1 when the server applied a ``scale``). A DTensor parameter
+        (FSDP2 / TP) is updated in its local tensor, ``update`` being its packed blocks; each
+        piece takes the factor of the compute block it lies in (its global shape)."""
         lr, wd = group["lr"], group["weight_decay"]
         cfg = self.config
         if group.get("adjust_lr_fn") != cfg.adjust_lr_fn:
             cfg = cfg.replace(adjust_lr_fn=group.get("adjust_lr_fn"))
         m = self._meta[p]
+        cols = m.shape[-1]
+        if m.layout is not None:
+            w = local_tensor(p)
+            w.mul_(1 - lr * wd)
+            u, flat = update.to(device=w.device, dtype=w.dtype), w.view(-1)
+            for b, e, rows in m.layout.row_segments(m.blocks, len(m.shape) - 2):
+                flat[b:e].add_(u[b:e], alpha=-(lr * cfg.lr_factor(rows, cols)))
+            return
         p.mul_(1 - lr * wd)
         u = update.to(device=p.device, dtype=p.dtype)
-        cols = m.shape[-1]
         if len(m.blocks) == 1:
             p.add_(u.view(p.shape), alpha=-(lr * cfg.lr_factor(m.blocks[0], cols)))
             return

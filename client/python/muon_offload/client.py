@@ -154,6 +154,9 @@ class Client:
         self._mu = threading.RLock()
         self._h = None
         self._registered = {}
+        # Update bytes written by wait_update (the want ranges' elements x the update dtype's
+        # size) since the last report_step.
+        self._received = 0
         token = None if auth_token is None else str(auth_token).encode()
         check(self._lib.muon_client_create_auth(arr, len(servers), self.rank, self.world_size,
                                                 (name or f"rank {rank}").encode(),
@@ -292,6 +295,7 @@ class Client:
                     ctypes.c_void_p(s), ctypes.byref(applied)),
                     f"update of '{name}' step {step}")
             _record_stream(out, stream)
+            self._count_received(name)
             return bool(applied.value)
         ptr, nbytes = _buffer(out, f"update of '{name}'")
         with self._mu:
@@ -299,7 +303,13 @@ class Client:
                                                      ctypes.c_void_p(ptr), nbytes,
                                                      ctypes.byref(applied)),
                   f"update of '{name}' step {step}")
+        self._count_received(name)
         return bool(applied.value)
+
+    def _count_received(self, name: str) -> None:
+        reg = self._registered.get(name)
+        if reg is not None:
+            self._received += reg["want"] * reg["update_bytes"]
 
     def update_ready(self, name: str, step: int) -> bool:
         with self._mu:
@@ -339,7 +349,7 @@ class Client:
         every server (it feeds ``muon_offload_client_exposed_wait_seconds`` and
         ``muon-offload status``) and returns the figures since the previous report:
         ``{"step", "exposed_wait_s" (seconds blocked in wait_update), "bytes_pushed" (gradient
-        bytes), "parameters" (updates taken), "slowest_parameter" (the one whose update arrived
+        bytes), "bytes_received" (update bytes wait_update wrote: the want ranges), "parameters" (updates taken), "slowest_parameter" (the one whose update arrived
         last, "" when none)}``."""
         wait = ctypes.c_double(0.0)
         pushed = ctypes.c_int64(0)
@@ -350,7 +360,9 @@ class Client:
                                                      ctypes.byref(pushed), ctypes.byref(count),
                                                      slowest, len(slowest)),
                   f"step report of step {step}")
+        received, self._received = self._received, 0
         return {"step": int(step), "exposed_wait_s": wait.value, "bytes_pushed": pushed.value,
+                "bytes_received": received,
                 "parameters": count.value,
                 "slowest_parameter": slowest.value.decode("utf-8", "replace")}
 

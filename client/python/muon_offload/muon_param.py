@@ -7,8 +7,9 @@ Two things are kept apart (the architecture guide's storage and compute layouts)
   orthogonalized separately (a fused QKV);
 - what this rank holds — ``held``: the element ranges of the flattened global matrix that this
   rank pushes gradients for (``[(0, numel)]`` when the parameter is replicated, as under DDP; a
-  row range in mode ``shard``; issue 14 adds FSDP2/TP shards here), and ``wanted``: the ranges
-  it receives updates for (the whole matrix today).
+  row range in mode ``shard``; a DTensor's blocks under FSDP2 / tensor parallel, from
+  ``layout``, a :class:`~muon_offload.layouts.StorageLayout`), and ``wanted``: the ranges it
+  receives updates for (the whole matrix, or the DTensor's local blocks).
 """
 from __future__ import annotations
 
@@ -31,8 +32,10 @@ class MuonParam:
         held: element ranges of the flattened global matrix this rank pushes.
         wanted: element ranges this rank receives updates for.
         server: index of the server it is registered with (set at registration).
+        layout: the StorageLayout of a DTensor parameter (None for a plain tensor): then the
+            gradient pushed and the update applied are the rank's local tensor, packed.
     """
-    __slots__ = ("name", "shape", "options", "blocks", "held", "wanted", "server")
+    __slots__ = ("name", "shape", "options", "blocks", "held", "wanted", "server", "layout")
 
     def __init__(self, name: str, shape: Sequence[int], options: Dict, blocks: List[int]):
         self.name = name
@@ -42,10 +45,16 @@ class MuonParam:
         self.held: List[Range] = [(0, self.numel)]
         self.wanted: List[Range] = [(0, self.numel)]
         self.server = 0
+        self.layout = None
 
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
+
+    @property
+    def wanted_numel(self) -> int:
+        """Elements of the update this rank receives (its packed wanted ranges)."""
+        return sum(e - b for b, e in self.wanted)
 
     @property
     def cost(self) -> int:

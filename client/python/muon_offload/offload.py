@@ -32,6 +32,7 @@ from .base import MuonOptimizerBase, base_keywords, muon_config
 from .client import Client
 from .config import MuonConfig
 from ._native import ConnectionLost, InvalidArgument, MuonOffloadError, NonFiniteGradient
+from .layouts import is_dtensor, local_tensor, storage_layout
 from .muon_param import MuonParam, row_shard
 
 __all__ = ["OffloadMuon"]
@@ -119,6 +120,13 @@ class OffloadMuon(MuonOptimizerBase):
     with ``shm`` staged through the host by the library) and updates land in device buffers.
     CPU parameters go through host memory as always.
 
+    Sharded models: a DTensor parameter (FSDP2 ``fully_shard``, tensor parallel) registers
+    the blocks this rank holds (:func:`muon_offload.layouts.storage_layout`), whatever ``mode``
+    says: its hook pushes the local gradient FSDP's reduce-scatter left (not averaged again),
+    and step() receives and applies only the local blocks' update. AdamW DTensor gradients are
+    not averaged either (FSDP did). InvalidArgument at construction for a placement that
+    cannot be expressed (``Partial``...), naming the parameter and the placement.
+
     Shapes: 2-D matrices go as they are; conv weights ``(out, in, kh, kw)`` as
     ``(out, in*kh*kw)`` (and scaled by that shape); 3-D ``(b, r, c)`` expert stacks as b
     independent matrices.
@@ -145,7 +153,8 @@ class OffloadMuon(MuonOptimizerBase):
     is the same as InProcessMuon's. :meth:`momentum_buffer` reads one parameter's.
 
     Figures: after each step(), ``last_step_stats`` holds what this rank saw of it —
-    ``bytes_pushed`` (gradient bytes pushed since the previous step), ``exposed_wait_s`` (seconds
+    ``bytes_pushed`` (gradient bytes pushed since the previous step), ``bytes_received`` (update
+    bytes received: the wanted ranges, a sharded rank's own blocks), ``exposed_wait_s`` (seconds
     step() was blocked waiting for updates: from its first wait to the last update in hand, not
     counting the time spent applying the updates already there), ``slowest_parameter`` (the
     parameter whose update arrived last), ``parameters`` (updates waited for) and ``step``. The
@@ -246,7 +255,10 @@ class OffloadMuon(MuonOptimizerBase):
             else:  # least-loaded server by Newton-Schulz cost
                 m.server = min(range(len(self.servers)), key=lambda i: self._loads[i])
                 self._loads[m.server] += m.cost
-            if self.mode == "shard" and self.world_size > 1:
+            if is_dtensor(p):  # FSDP2 / tensor parallel: the rank's blocks, whatever the mode
+                m.layout = storage_layout(m.name, p, world_size=self.world_size)
+                m.held, m.wanted = list(m.layout.held), list(m.layout.wanted)
+            elif self.mode == "shard" and self.world_size > 1:
                 m.held = row_shard(m.shape, self.rank, self.world_size)
             try:
                 self._client.register(m.name, m.shape, m.options, push=m.held, want=m.wanted,
@@ -336,7 +348,9 @@ class OffloadMuon(MuonOptimizerBase):
     def _push(self, p: torch.Tensor, grad: Optional[torch.Tensor]) -> None:
         m = self._meta[p]
         step = self._server_step(p)
-        if grad is None:
+        if m.layout is not None:
+            g = self._local_grad(m, grad, self._io_device(p))
+        elif grad is None:
             g = torch.zeros(m.shape, dtype=torch.float32, device=self._io_device(p))
         else:
             g = grad.detach().reshape(m.shape)
@@ -347,9 +361,33 @@ class OffloadMuon(MuonOptimizerBase):
         # CUDA gradients stay on the device (pushed from device memory on the current stream).
         g = g.to(device=self._io_device(p),
                  dtype=_TORCH_DTYPE[self._grad_dtype]).contiguous().view(-1)
+        # A plain tensor's gradient is the whole matrix (index by element); a DTensor's is its
+        # local tensor, which is the held ranges packed.
+        src = 0
         for b, e in m.held:
-            self._client.push(m.name, step, b, g[b:e], e - b)
+            at = b if m.layout is None else src
+            self._client.push(m.name, step, b, g[at:at + e - b], e - b)
+            src += e - b
         self._pushed[p] = step
+
+    @staticmethod
+    def _local_grad(m: MuonParam, grad, device: torch.device) -> torch.Tensor:
+        """The gradient a DTensor parameter pushes: its local tensor (already reduced by the
+        training stack: FSDP's reduce-scatter, TP's own), flattened, divided by the number of
+        ranks the server sums for each element; zeros when the parameter got no gradient.
+        InvalidArgument when the local gradient is not the parameter's local shape."""
+        lay = m.layout
+        if grad is None:
+            return torch.zeros(lay.local_numel, dtype=torch.float32, device=device)
+        g = local_tensor(grad).detach()
+        if tuple(g.shape) != lay.local_shape:
+            raise InvalidArgument(f"gradient of '{m.name}' has local shape {tuple(g.shape)}, "
+                                  f"its parameter's placements {lay.placements} give "
+                                  f"{lay.local_shape}")
+        g = g.reshape(-1)
+        if lay.contributors > 1:
+            g = g.to(torch.float32) / lay.contributors
+        return g
 
     def _io_device(self, p: torch.Tensor) -> torch.device:
         """Where the gradient and update buffers of ``p`` live: its CUDA device when the library
@@ -386,7 +424,8 @@ class OffloadMuon(MuonOptimizerBase):
         t0 = time.perf_counter()
         try:
             self._check_grad(p)
-            if self._no_commit_depth and self.mode == "shard" and self.world_size > 1:
+            if self._no_commit_depth and self.mode == "shard" and self.world_size > 1 \
+                    and self._meta[p].layout is None:
                 return  # like DDP's no_sync: accumulate in .grad, all-reduce once at the end
             self._take_grad(p, p.grad)
             p.grad = None
@@ -439,9 +478,12 @@ class OffloadMuon(MuonOptimizerBase):
             for p in list(self._committed):
                 m, g = self._meta[p], group_of[p]
                 p.grad = None  # under DDP: the local gradient DDP copied back; consumed
-                buf = torch.empty(m.numel, dtype=_TORCH_DTYPE[self._update_dtype],
-                                  device=self._io_device(p))
                 step = self._pushed[p]
+                if not m.wanted:  # a rank that holds none of this sharded parameter
+                    self.state[p]["step"] = step + 1
+                    continue
+                buf = torch.empty(m.wanted_numel, dtype=_TORCH_DTYPE[self._update_dtype],
+                                  device=self._io_device(p))
                 waited.append(step)
                 try:
                     self._client.wait_update(m.name, step, buf)
@@ -473,6 +515,7 @@ class OffloadMuon(MuonOptimizerBase):
             slowest = slowest[len(self._prefix):]
         self.last_step_stats = {
             "step": stats["step"], "bytes_pushed": stats["bytes_pushed"],
+            "bytes_received": stats["bytes_received"],
             "exposed_wait_s": stats["exposed_wait_s"], "slowest_parameter": slowest,
             "parameters": stats["parameters"]}
 

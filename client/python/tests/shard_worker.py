@@ -82,3 +82,88 @@ def run_layouts(rank: int, world: int, init: str, outdir: str):
     finally:
         dist.destroy_process_group()
 
+
+VOCAB = 16
+
+
+class ShardNet(nn.Module):
+    """embed / head (AdamW), fc1 12 -> 5 (5 rows: an uneven shard, over 4 ranks a rank with no
+    rows), fc2 5 -> 12, gate 12 -> 1 (one row: every rank but 0 holds nothing), experts 3 x 12
+    x 12 (sharded on the expert dimension), biases (AdamW)."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.manual_seed(0)
+        self.embed = nn.Embedding(VOCAB, 12)
+        self.fc1 = nn.Linear(12, 5)
+        self.fc2 = nn.Linear(5, 12)
+        self.gate = nn.Linear(12, 1, bias=False)
+        self.experts = nn.Parameter(torch.randn(3, 12, 12, generator=g) * 0.2)
+        self.head = nn.Linear(12, VOCAB, bias=False)
+
+    def forward(self, idx, targets):
+        import torch.nn.functional as F
+        h = self.embed(idx)
+        h = h + self.fc2(F.gelu(self.fc1(h)))
+        h = h + torch.einsum("btd,edf->btf", h, self.experts) / 3
+        loss = F.cross_entropy(self.head(h).reshape(-1, VOCAB), targets.reshape(-1))
+        return loss + self.gate(h).pow(2).mean()
+
+
+def shard_batch(step: int, rank: int):
+    g = torch.Generator().manual_seed(1000 * rank + step)
+    x = torch.randint(VOCAB, (4, 6), generator=g)
+    return x, (x * 3 + 1) % VOCAB
+
+
+def _counted(fn):
+    """Runs fn() under torch's CommDebugMode; returns {collective name: count}."""
+    from torch.distributed.tensor.debug import CommDebugMode
+    comm = CommDebugMode()
+    with comm:
+        fn()
+    return {str(k).split(".")[-1]: v for k, v in comm.get_comm_counts().items()}
+
+
+def run_fsdp(rank: int, world: int, init: str, socket: str, outdir: str, steps: int = 3):
+    """One rank of test_fsdp.py: ShardNet under fully_shard with OffloadMuon, and the same model
+    unsharded with InProcessMuon (the reference: it averages the full gradients itself). Saves
+    the full parameters of both (gathered by the test, not the optimizer), the per-step byte
+    counters and the collectives counted in backward and in step()."""
+    _init(rank, world, init)
+    from torch.distributed.fsdp import fully_shard
+    from muon_offload import InProcessMuon, OffloadMuon
+    kw = dict(lr=0.03, weight_decay=0.05, adamw_lr=2e-3)
+    try:
+        res = {"stats": [], "backward": [], "step": []}
+        for variant in ("inprocess", "fsdp"):
+            model = ShardNet()
+            if variant == "fsdp":
+                fully_shard(model.fc1)
+                fully_shard(model.fc2)
+                fully_shard(model)
+                opt = OffloadMuon(model.named_parameters(), servers=[socket], prefix="fsdp/",
+                                  **kw)
+                res["local_numel"] = {n: p.to_local().numel() for n, p in
+                                      model.named_parameters()}
+                res["routing"] = opt.routing
+            else:
+                opt = InProcessMuon(model.named_parameters(), **kw)
+            for s in range(steps):
+                opt.zero_grad(set_to_none=True)
+                x, y = shard_batch(s, rank)
+                back = _counted(lambda: model(x, y).backward())
+                st = _counted(opt.step)
+                res["backward" if variant == "fsdp" else "ref_backward"] = back
+                res.setdefault("step" if variant == "fsdp" else "ref_step", []).append(st)
+                if variant == "fsdp":
+                    res["stats"].append(dict(opt.last_step_stats))
+            params = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+                      for n, p in model.named_parameters()}
+            res[variant] = params
+            if hasattr(opt, "close"):
+                opt.close()
+        torch.save(res, os.path.join(outdir, f"fsdp_{rank}.pt"))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
