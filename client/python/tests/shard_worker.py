@@ -167,3 +167,93 @@ def run_fsdp(rank: int, world: int, init: str, socket: str, outdir: str, steps: 
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+class TPNet(nn.Module):
+    """embed / head (AdamW, plain tensors under TP), w1 8 -> 12 (ColwiseParallel: Shard(0)),
+    w2 12 -> 8 (RowwiseParallel: Shard(1)), both Muon."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(1)
+        self.embed = nn.Embedding(VOCAB, 8)
+        self.w1 = nn.Linear(8, 12, bias=False)
+        self.w2 = nn.Linear(12, 8, bias=False)
+        self.head = nn.Linear(8, VOCAB, bias=False)
+
+    def forward(self, idx, targets):
+        import torch.nn.functional as F
+        h = self.embed(idx)
+        h = h + self.w2(F.gelu(self.w1(h)))
+        return F.cross_entropy(self.head(h).reshape(-1, VOCAB), targets.reshape(-1))
+
+
+def run_tp(rank: int, world: int, init: str, socket: str, outdir: str, steps: int = 3):
+    """One rank of test_tp.py (world 4): TPNet under parallelize_module on a 1-D mesh of 4
+    (every rank the same batch), and under TP x FSDP on a 2 x 2 (dp, tp) mesh (the batch of
+    the dp coordinate), each with OffloadMuon and, unsharded, InProcessMuon averaging over the
+    data-parallel ranks only. Saves the full parameters, byte counters, the bytes step()
+    all-reduced and the collectives it issued."""
+    _init(rank, world, init)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+    from muon_offload import InProcessMuon, OffloadMuon
+    kw = dict(lr=0.03, weight_decay=0.05, adamw_lr=2e-3)
+    plan = {"w1": ColwiseParallel(), "w2": RowwiseParallel()}
+    reduced = []
+    plain_all_reduce = dist.all_reduce
+
+    def counting_all_reduce(tensor, *args, **kwargs):
+        reduced.append(tensor.numel() * tensor.element_size())
+        return plain_all_reduce(tensor, *args, **kwargs)
+
+    dist.all_reduce = counting_all_reduce
+    mesh2 = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    dp_rank = mesh2.get_coordinate()[0]
+    try:
+        res = {}
+        for variant in ("tp", "tp_ref", "fsdp_tp", "fsdp_tp_ref"):
+            model = TPNet()
+            data_rank = 0 if variant.startswith("tp") else dp_rank
+            if variant == "tp":
+                parallelize_module(model, init_device_mesh("cpu", (world,)), plan)
+            if variant == "fsdp_tp":
+                parallelize_module(model, mesh2["tp"], plan)
+                fully_shard(model, mesh=mesh2["dp"])
+            if variant.endswith("_ref"):
+                # The data-parallel group: all ranks for "tp" (same data), the dp ranks of this
+                # tp coordinate for "fsdp_tp".
+                pg = None if variant == "tp_ref" else mesh2["dp"].get_group()
+                opt = InProcessMuon(model.named_parameters(), process_group=pg, **kw)
+            else:
+                opt = OffloadMuon(model.named_parameters(), servers=[socket],
+                                  prefix=variant + "/", **kw)
+                res[variant + "_local_numel"] = {
+                    n: (p.to_local() if hasattr(p, "to_local") else p).numel()
+                    for n, p in model.named_parameters()}
+                res[variant + "_wanted_ranges"] = {m.name: len(m.wanted)
+                                                   for m in opt._meta.values()}
+            stats, step_reduced, step_colls = [], [], []
+            for s in range(steps):
+                opt.zero_grad(set_to_none=True)
+                x, y = shard_batch(s, data_rank)
+                model(x, y).backward()
+                del reduced[:]
+                step_colls.append(_counted(opt.step))
+                step_reduced.append(sum(reduced))
+                if hasattr(opt, "last_step_stats"):
+                    stats.append(dict(opt.last_step_stats))
+            res[variant] = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p)
+                            .detach().clone() for n, p in model.named_parameters()}
+            res[variant + "_stats"] = stats
+            res[variant + "_step_reduced"] = step_reduced
+            res[variant + "_step_collectives"] = step_colls
+            if hasattr(opt, "close"):
+                opt.close()
+        torch.save(res, os.path.join(outdir, f"tp_{rank}.pt"))
+        dist.barrier()
+    finally:
+        dist.all_reduce = plain_all_reduce
+        dist.destroy_process_group()
