@@ -37,7 +37,8 @@ from ._native import InvalidArgument
 
 Range = Tuple[int, int]
 
-__all__ = ["StorageLayout", "storage_layout", "is_dtensor", "local_tensor", "ranges_bytes"]
+__all__ = ["StorageLayout", "storage_layout", "is_dtensor", "local_tensor", "ranges_bytes",
+           "shard_like"]
 
 
 def is_dtensor(t) -> bool:
@@ -53,6 +54,19 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
     """The rank's own tensor of a DTensor (the storage the optimizer reads and updates in
     place; no communication), ``t`` itself otherwise."""
     return t._local_tensor if is_dtensor(t) else t
+
+
+def shard_like(full: torch.Tensor, layout: "StorageLayout", param) -> torch.Tensor:
+    """This rank's blocks of ``full`` (a tensor of the global shape, e.g. the momentum fetched
+    from the server) as a DTensor laid out like DTensor ``param`` (same mesh, placements,
+    global shape): what a sharded ``state_dict()`` holds, which torch.distributed.checkpoint
+    saves shard by shard and reshards on load. No communication."""
+    from torch.distributed.tensor import DTensor
+    flat = full.reshape(-1)
+    local = (torch.cat([flat[b:e] for b, e in layout.wanted]) if layout.wanted
+             else flat[:0]).view(layout.local_shape).clone()
+    return DTensor.from_local(local, param.device_mesh, param.placements, run_check=False,
+                              shape=param.shape, stride=param.stride())
 
 
 def ranges_bytes(ranges: Sequence[Range], element_size: int) -> int:

@@ -32,7 +32,7 @@ from .base import MuonOptimizerBase, base_keywords, muon_config
 from .client import Client
 from .config import MuonConfig
 from ._native import ConnectionLost, InvalidArgument, MuonOffloadError, NonFiniteGradient
-from .layouts import is_dtensor, local_tensor, storage_layout
+from .layouts import is_dtensor, local_tensor, shard_like, storage_layout
 from .muon_param import MuonParam, row_shard
 
 __all__ = ["OffloadMuon"]
@@ -531,7 +531,10 @@ class OffloadMuon(MuonOptimizerBase):
 
     def state_dict(self):
         """The torch state dict plus, for each Muon parameter that took a step, the server-held
-        momentum (``momentum_buffer``, fp32, matrix shape) fetched from its server."""
+        momentum (``momentum_buffer``, fp32, matrix shape) fetched from its server. For a DTensor
+        parameter (FSDP2 / TP) the momentum is this rank's shard as a DTensor laid out like the
+        parameter (its global shape), so torch.distributed.checkpoint saves it shard by shard
+        and loads it into another sharding (e.g. 4 ranks' checkpoint into 2)."""
         self._check_usable()
         if self._pushed:
             raise MuonOffloadError("state_dict() between backward and step(): call it after "
@@ -552,12 +555,17 @@ class OffloadMuon(MuonOptimizerBase):
                 raise MuonOffloadError(
                     f"server holds the momentum of '{m.name}' at step {last}, the optimizer "
                     f"expects step {st['step'] - 1}")
+            if m.layout is not None:
+                buf = shard_like(buf, m.layout, p)
             sd["state"][idx[p]] = dict(st, momentum_buffer=buf)
         return sd
 
     def load_state_dict(self, state_dict):
         """Loads the torch state and puts each Muon parameter's momentum (bit-exact fp32) back
-        into its server; the next step continues where the checkpoint left off."""
+        into its server; the next step continues where the checkpoint left off. A DTensor
+        momentum (a sharded state_dict, e.g. loaded by torch.distributed.checkpoint) is
+        gathered once here (``full_tensor()``, on every rank: call it on all of them), since
+        rank 0 loads each whole matrix into its server."""
         if self._client is None:
             raise MuonOffloadError("OffloadMuon is closed")
         saved = state_dict["state"]
@@ -565,7 +573,11 @@ class OffloadMuon(MuonOptimizerBase):
         MuonOptimizerBase.load_state_dict(self, state_dict)
         self._pushed.clear()
         self._committed.clear()
-        idx = self._param_index()
+        # The saved key of each parameter, by position in the groups as torch.optim does
+        # (ints from state_dict(); FQNs from torch.distributed.checkpoint.state_dict).
+        key_of = {p: k for mine, saved_group in zip(self.param_groups,
+                                                      state_dict.get("param_groups", []))
+                  for p, k in zip(mine["params"], saved_group["params"])}
         last_per_server = {}
         for p in self._muon_params:
             st = self.state.get(p)
@@ -575,10 +587,12 @@ class OffloadMuon(MuonOptimizerBase):
             if step == 0:
                 continue
             m = self._meta[p]
-            raw = momenta.get(idx[p])
+            raw = momenta.get(key_of.get(p))
             if raw is None:
                 raise InvalidArgument(f"state dict has no momentum_buffer for '{m.name}' "
                                       f"(step {step})")
+            if is_dtensor(raw):
+                raw = raw.full_tensor()
             if raw.numel() != m.numel:
                 raise InvalidArgument(f"momentum_buffer of '{m.name}' has {raw.numel()} "
                                       f"elements, the parameter {m.numel}")

@@ -257,3 +257,63 @@ def run_tp(rank: int, world: int, init: str, socket: str, outdir: str, steps: in
     finally:
         dist.all_reduce = plain_all_reduce
         dist.destroy_process_group()
+
+
+def _fsdp_shardnet():
+    from torch.distributed.fsdp import fully_shard
+    model = ShardNet()
+    fully_shard(model.fc1)
+    fully_shard(model.fc2)
+    fully_shard(model)
+    return model
+
+
+def _full(model):
+    return {n: p.full_tensor().detach().clone() for n, p in model.named_parameters()}
+
+
+def run_dcp(rank: int, world: int, init: str, socket: str, outdir: str, phase: str):
+    """One rank of test_dcp.py. Phase "save" (4 ranks): FSDP2 ShardNet + OffloadMuon, 2 steps,
+    a torch.distributed.checkpoint of get_state_dict(model, optimizer) (each rank's momentum
+    shard a DTensor), then 2 more steps on the same batch on every rank. Phase "load" (2
+    ranks): a fresh job loads the checkpoint (set_state_dict) and takes the same 2 steps.
+    Saves the momentum and parameters right after the checkpoint/load and at the end."""
+    _init(rank, world, init)
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from muon_offload import OffloadMuon
+    kw = dict(lr=0.03, weight_decay=0.05, adamw_lr=2e-3)
+    ckpt = os.path.join(outdir, "ckpt")
+    try:
+        model = _fsdp_shardnet()
+        opt = OffloadMuon(model.named_parameters(), servers=[socket], prefix=phase + "/", **kw)
+
+        def train(steps, data_rank):
+            for s in steps:
+                opt.zero_grad(set_to_none=True)
+                x, y = shard_batch(s, rank if data_rank is None else data_rank)
+                model(x, y).backward()
+                opt.step()
+
+        if phase == "save":
+            train(range(2), None)
+            msd, osd = get_state_dict(model, opt)
+            dcp.save({"model": msd, "optim": osd}, checkpoint_id=ckpt)
+        else:
+            msd, osd = get_state_dict(model, opt)  # the templates, in this job's sharding
+            state = {"model": msd, "optim": osd}
+            dcp.load(state, checkpoint_id=ckpt)
+            set_state_dict(model, opt, model_state_dict=state["model"],
+                           optim_state_dict=state["optim"])
+        names = dict(model.named_parameters())
+        muon = [n for n, (kind, _) in opt.routing.items() if kind == "muon"]
+        res = {"momentum": {n: opt.momentum_buffer(names[n]) for n in muon},
+               "steps": {n: opt.state[names[n]]["step"] for n in muon},
+               "params": _full(model)}
+        train(range(2, 4), 0)
+        res["final"] = _full(model)
+        opt.close()
+        torch.save(res, os.path.join(outdir, f"dcp_{phase}_{rank}.pt"))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
