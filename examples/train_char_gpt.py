@@ -11,6 +11,11 @@ the Muon gradients to the server instead of all-reducing them).
     # two ranks (gloo, CPU) spawned here, or torchrun-style (RANK/WORLD_SIZE/MASTER_ADDR/PORT):
     scripts/muon-offload-launch --cpu -- $(scripts/venv-python) examples/train_char_gpt.py --world 2
     $(scripts/venv-python) examples/train_char_gpt.py --optimizer inprocess --world 2 --out in.json
+    # sharded: FSDP2 over the ranks, or FSDP2 x tensor parallel (the MLP) on a (world/N, N) mesh:
+    scripts/muon-offload-launch --cpu -- $(scripts/venv-python) examples/train_char_gpt.py \\
+        --world 2 --fsdp
+    scripts/muon-offload-launch --cpu -- $(scripts/venv-python) examples/train_char_gpt.py \\
+        --world 4 --fsdp --tp 2
 
 (scripts/venv-python is the project's Python: the venv scripts/install_deps.sh makes, torch from
 PyPI.)
@@ -122,6 +127,32 @@ class CharGPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
 
 
+# ---- sharding -------------------------------------------------------------------------------
+
+def shard_model(model: CharGPT, args, world: int):
+    """--tp N: the MLP of every block tensor parallel over N ranks (fc ColwiseParallel, out
+    RowwiseParallel, Megatron's split); --fsdp: FSDP2 fully_shard of every block and the root
+    over the data-parallel ranks (world/N). Returns the data-parallel rank of this process (the
+    ranks of one TP group train on the same batch)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    tp = args.tp
+    if world % tp:
+        raise SystemExit(f"--tp {tp} does not divide the world size {world}")
+    mesh = init_device_mesh("cpu", (world // tp, tp), mesh_dim_names=("dp", "tp"))
+    if tp > 1:
+        from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                       parallelize_module)
+        for blk in model.blocks:
+            parallelize_module(blk, mesh["tp"], {"fc": ColwiseParallel(),
+                                                 "out": RowwiseParallel()})
+    if args.fsdp:
+        from torch.distributed.fsdp import fully_shard
+        for blk in model.blocks:
+            fully_shard(blk, mesh=mesh["dp"])
+        fully_shard(model, mesh=mesh["dp"])
+    return mesh.get_coordinate()[0]
+
+
 # ---- training -------------------------------------------------------------------------------
 
 class TorchMuonAdamW:
@@ -184,9 +215,15 @@ def train(rank: int, world: int, args) -> dict:
     device = torch.device(args.device if args.device == "cpu"
                           else f"cuda:{rank % max(1, torch.cuda.device_count())}")
     model = CharGPT(len(chars), args.d_model, args.layers, args.heads, args.context).to(device)
-    # DDP for more than one rank (mode shard: the optimizer all-reduces itself).
+    sharded = args.fsdp or args.tp > 1
+    if sharded and (world == 1 or args.optimizer not in ("offload", "inprocess")):
+        raise SystemExit("--fsdp and --tp need torch.distributed (--world 2 or more, or torchrun) "
+                         "and --optimizer offload or inprocess")
+    data_rank = shard_model(model, args, world) if sharded else rank
+    # DDP for more than one rank (mode shard: the optimizer all-reduces itself; sharded: FSDP
+    # reduces).
     ddp = (torch.nn.parallel.DistributedDataParallel(model)
-           if world > 1 and args.mode == "server_reduce" else None)
+           if world > 1 and args.mode == "server_reduce" and not sharded else None)
     net = ddp or model
     opt = make_optimizer(args, model, ddp)
     warm = max(1, args.steps // 20)
@@ -196,7 +233,7 @@ def train(rank: int, world: int, args) -> dict:
 
     scheds = (opt.schedulers(factor) if isinstance(opt, TorchMuonAdamW)
               else [torch.optim.lr_scheduler.LambdaLR(opt, factor)])
-    gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
+    gen = torch.Generator().manual_seed(args.seed * 1000 + data_rank)
 
     def batch(src, g):
         ix = torch.randint(len(src) - args.context - 1, (args.batch,), generator=g)
@@ -211,7 +248,8 @@ def train(rank: int, world: int, args) -> dict:
         return flat
 
     losses, tok_s, opt_ms = [], [], []
-    tokens = args.batch * args.context * world
+    tokens = args.batch * args.context * (world // args.tp)
+    pushed_per_step = []
     t_start = time.perf_counter()
     for step in range(args.steps):
         t0 = time.perf_counter()
@@ -235,6 +273,8 @@ def train(rank: int, world: int, args) -> dict:
             exposed = time.perf_counter() - t_opt  # all of step(): nothing overlaps it
         else:
             exposed = opt.exposed_seconds
+        if args.optimizer == "offload":
+            pushed_per_step.append(opt.last_step_stats["bytes_pushed"])
         global_loss = allreduce_mean_(loss.detach().reshape(1).clone()).item()
         dt = time.perf_counter() - t0
         losses.append(global_loss)
@@ -251,9 +291,23 @@ def train(rank: int, world: int, args) -> dict:
     with torch.no_grad():
         val = sum(model(*batch(val_data, g)).item() for _ in range(args.eval_batches))
     val /= args.eval_batches
+    extra = {}
+    if args.optimizer == "offload":
+        # Gradient bytes each rank pushed per step next to the full Muon matrices (f32).
+        full = 4 * sum(math.prod(shape) for kind, shape in opt.routing.values() if kind == "muon")
+        mine = statistics.median(pushed_per_step) if pushed_per_step else 0
+        per_rank = [mine]
+        if world > 1:
+            per_rank = [None] * world
+            dist.all_gather_object(per_rank, mine)
+        extra = {"bytes_pushed_per_rank_per_step": per_rank, "muon_bytes_full": full}
+        if rank == 0:
+            print(f"[{args.optimizer}] gradient bytes pushed per step: "
+                  + ", ".join(f"rank {r} {b / 1e6:.3f} MB" for r, b in enumerate(per_rank))
+                  + f"; the model's full Muon matrices: {full / 1e6:.3f} MB", flush=True)
     if hasattr(opt, "close"):
         opt.close()
-    return {
+    return dict(extra, **{
         "optimizer": args.optimizer,
         "mode": args.mode if args.optimizer in ("offload", "inprocess") else None,
         "ddp": ddp is not None,
@@ -267,7 +321,7 @@ def train(rank: int, world: int, args) -> dict:
         "train_wall_s": wall,
         "params": sum(p.numel() for p in model.parameters()),
         "config": {k: v for k, v in vars(args).items()},
-    }
+    })
 
 
 def run_rank(rank: int, world: int, args, init: str):
@@ -307,6 +361,12 @@ def main(argv=None):
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                     help="where the model trains (cuda: rank r on GPU r; with GPU servers the "
                          "launcher sets MUON_OFFLOAD_DATA_PLANE=cuda_ipc)")
+    ap.add_argument("--fsdp", action="store_true",
+                    help="shard the model with FSDP2 (fully_shard) over the data-parallel ranks: "
+                         "each rank pushes only its shard of each Muon matrix")
+    ap.add_argument("--tp", type=int, default=1, metavar="N",
+                    help="tensor parallel over N ranks (the MLPs: ColwiseParallel fc, "
+                         "RowwiseParallel out) on a (world/N, N) mesh")
     ap.add_argument("--out", help="write losses and measurements here (JSON)")
     args = ap.parse_args(argv)
 

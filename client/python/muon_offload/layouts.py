@@ -37,7 +37,7 @@ from ._native import InvalidArgument
 
 Range = Tuple[int, int]
 
-__all__ = ["StorageLayout", "storage_layout", "is_dtensor", "local_tensor", "ranges_bytes",
+__all__ = ["StorageLayout", "storage_layout", "layout_at", "is_dtensor", "local_tensor", "ranges_bytes",
            "shard_like"]
 
 
@@ -181,21 +181,37 @@ def storage_layout(name: str, param: torch.Tensor, summed_mesh_dims: Sequence[in
     """
     if not is_dtensor(param):
         raise TypeError(f"storage_layout: '{name}' is not a DTensor")
-    from torch.distributed.tensor import Replicate, Shard
-    mesh, placements = param.device_mesh, tuple(param.placements)
-    shape = tuple(int(s) for s in param.shape)
-    text = _placement_text(placements)
+    mesh = param.device_mesh
     coord = mesh.get_coordinate()
     if coord is None:
         raise InvalidArgument(f"parameter '{name}': this rank is not in its DTensor mesh")
+    first_copy, _ = _root_replicas(name, mesh, world_size)
+    return layout_at(name, param.shape, param.placements, mesh.shape, coord, summed_mesh_dims,
+                     first_copy)
+
+
+def layout_at(name: str, shape: Sequence[int], placements: Sequence, mesh_shape: Sequence[int],
+              coordinate: Sequence[int], summed_mesh_dims: Sequence[int] = (),
+              pushes: bool = True) -> StorageLayout:
+    """The storage layout at mesh ``coordinate`` of a tensor of global ``shape`` with
+    ``placements`` on a mesh of ``mesh_shape``: :func:`storage_layout` without a DTensor (no
+    process group needed: the byte counts of bench/shard_bytes.py use it for every rank of a
+    job). ``pushes`` False: another copy of the mesh pushes (a sub-mesh's other coordinates).
+    Raises InvalidArgument as :func:`storage_layout`."""
+    from torch.distributed.tensor import Replicate, Shard
+    placements = tuple(placements)
+    shape = tuple(int(s) for s in shape)
+    text = _placement_text(placements)
+    coord = [int(c) for c in coordinate]
+    sizes = [int(n) for n in mesh_shape]
     summed = set(int(d) for d in summed_mesh_dims)
     idx = [torch.arange(n) for n in shape]
-    pushes, contributors = True, 1
+    contributors = 1
     for k, pl in enumerate(placements):
         kind = type(pl).__name__
         if isinstance(pl, Replicate):
             if k in summed:
-                contributors *= mesh.size(k)
+                contributors *= sizes[k]
             elif coord[k] != 0:
                 pushes = False
             continue
@@ -211,25 +227,19 @@ def storage_layout(name: str, param: torch.Tensor, summed_mesh_dims: Sequence[in
         d = pl.dim if pl.dim >= 0 else pl.dim + len(shape)
         # torch's own split on an index vector laid along dimension d.
         v = idx[d].reshape([1] * d + [-1])
-        chunks, _ = pl._split_tensor(v, mesh.size(k), with_padding=False)
+        chunks, _ = pl._split_tensor(v, sizes[k], with_padding=False)
         idx[d] = chunks[coord[k]].reshape(-1) if coord[k] < len(chunks) else idx[d][:0]
-    first_copy, copies = _root_replicas(name, mesh, None if world_size is None
-                                        else world_size)
-    pushes = pushes and first_copy
     intervals = []
     for d, v in enumerate(idx):
-        vals = v.tolist()
-        if any(b <= a for a, b in zip(vals, vals[1:])):
+        step = v[1:] - v[:-1]
+        if bool((step <= 0).any()):
             raise InvalidArgument(f"parameter '{name}': placements {text} give this rank "
                                   f"indices of dimension {d} out of order: not supported")
-        ivs, start = [], None
-        for j, x in enumerate(vals):
-            if start is None:
-                start = x
-            if j + 1 == len(vals) or vals[j + 1] != x + 1:
-                ivs.append((start, x + 1))
-                start = None
-        intervals.append(tuple(ivs))
+        # Runs of consecutive indices (one for every placement torch uses).
+        breaks = (step != 1).nonzero().reshape(-1).tolist()
+        starts, ends = [0] + [b + 1 for b in breaks], breaks + [v.numel() - 1]
+        intervals.append(tuple((int(v[a]), int(v[b]) + 1) for a, b in zip(starts, ends))
+                         if v.numel() else ())
     local_shape = tuple(sum(b - a for a, b in ivs) for ivs in intervals)
     wanted = tuple(_element_ranges(shape, intervals))
     return StorageLayout(shape=shape, intervals=tuple(intervals), local_shape=local_shape,
