@@ -7,12 +7,15 @@ data-parallel averaging without DDP, checkpoint checks and timing."""
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 
 from ._native import InvalidArgument, NonFiniteGradient
+from . import plan as plan_reader
+from .compute_layouts import match as match_layout, resolve as resolve_layout
 from .config import MuonConfig
 from .layouts import is_dtensor, local_tensor
 from .muon_param import MuonParam
@@ -78,6 +81,8 @@ class MuonOptimizerBase(torch.optim.Optimizer):
         self.mode = mode
         self.config = config
         self._row_splits = dict(config.row_splits or {})
+        self._compute_layouts = dict(config.compute_layouts or {})
+        self._plan_row_blocks = plan_reader.row_blocks(os.environ.get("MUON_OFFLOAD_PLAN"))
         self._prefix = prefix
         self._adamw_defaults = {"lr": adamw_lr, "betas": tuple(adamw_betas), "eps": adamw_eps,
                                 "weight_decay": (config.weight_decay if adamw_weight_decay is None
@@ -137,18 +142,32 @@ class MuonOptimizerBase(torch.optim.Optimizer):
                                      if k != "ns_coefficients"},
                                   ns_coefficients=tuple(group["ns_coefficients"]))
         new = []
-        for p, name, flat in zip(group["params"], group["param_names"], flatten):
+        for i, (p, name, flat) in enumerate(zip(group["params"], group["param_names"], flatten)):
+            layout = self._compute_layout(name)
+            flat_by_layout, blocks = resolve_layout(name, tuple(p.shape), matrix_shape(p, flat),
+                                                    layout)
+            if flat_by_layout and not flat:
+                flat = group.setdefault("flatten", list(flatten))[i] = True
             shape = matrix_shape(p, flat)
             opts = cfg.server_options()
-            blocks = [shape[-2]]
-            if name in self._row_splits:
-                blocks = [int(x) for x in self._row_splits[name]]
+            if len(blocks) > 1 or name in self._row_splits:
                 opts["row_splits"] = blocks
             self._meta[p] = MuonParam(self._prefix + name, shape, opts, blocks)
             self._muon_params.append(p)
             new.append(p)
         if self._ready:
             self._register(new)
+
+    def _compute_layout(self, name: str):
+        """The compute layout of Muon parameter ``name`` (muon_offload.compute_layouts): its
+        ``row_splits``, else the first ``compute_layouts`` pattern that matches, else the plan's
+        ``row_blocks``, else None (the whole matrix; each expert of a 3-D stack)."""
+        if name in self._row_splits:
+            return [int(x) for x in self._row_splits[name]]
+        layout = match_layout(name, self._compute_layouts)
+        if layout is None and self._prefix + name in self._plan_row_blocks:
+            layout = f"row_blocks:{self._plan_row_blocks[self._prefix + name]}"
+        return layout
 
     def _add_adamw_group(self, group: dict) -> None:
         """torch.optim.AdamW's checks and defaults fill the group (the same dict object then

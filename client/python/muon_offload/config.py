@@ -35,7 +35,9 @@ Beyond torch (keyword-only, with the name of the field):
   ``ns_coefficients``; ``scale`` / ``extra_scale``: a scale rule applied by the server to the
   update (``keller``, ``match_adamw``, ``sqrt_max``, ``unit_rms``, ``none``) instead of
   ``adjust_lr_fn`` on the trainer; ``row_splits``: ``{name: [rows, ...]}`` orthogonalizes row
-  blocks of a fused QKV separately.
+  blocks of a fused QKV separately; ``compute_layouts``: ``{name pattern: layout}``, the
+  matrices Newton-Schulz runs on per parameter ("whole", "per_expert", "row_blocks:N", a list
+  of row counts; :mod:`muon_offload.compute_layouts`; the plan's ``row_blocks`` are the default).
 
 - ``precision``: what the server runs Newton-Schulz in. "default": its backend's, fp32 on the
   CPU backend (the accurate one, within 3e-5 of the SVD oracle), bf16 products with fp32
@@ -88,6 +90,7 @@ class MuonConfig:
     scale: Optional[str] = None
     extra_scale: float = 1.0
     row_splits: Optional[Mapping[str, Sequence[int]]] = None
+    compute_layouts: Optional[Mapping[str, object]] = None
     precision: str = "default"
 
     #: torch.optim.Muon's keywords, in its order.

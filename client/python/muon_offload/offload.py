@@ -76,11 +76,14 @@ class OffloadMuon(MuonOptimizerBase):
             ns_coefficients=(3.4445, -4.7750, 2.0315), eps=1e-7, ns_steps=5,
             adjust_lr_fn=None`` with torch's defaults and meaning (positionally in that order),
             and the keyword-only ``momentum_convention``, ``eps_mode``, ``schedule``,
-            ``scale``, ``extra_scale``, ``row_splits``, ``precision``. ``W <- W*(1 - lr*wd)``,
-            then ``W <- W - lr*adjust_lr(r, c)*U`` as torch.optim.Muon; lr and weight_decay may
+            ``scale``, ``extra_scale``, ``row_splits``, ``compute_layouts``, ``precision``.
+            ``W <- W*(1 - lr*wd)``, then ``W <- W - lr*adjust_lr(r, c)*U`` as torch.optim.Muon; lr and weight_decay may
             change between steps (LR schedulers); momentum, nesterov and the Newton-Schulz
             keywords are fixed at registration. ``row_splits={name: [q, k, v]}`` orthogonalizes
-            row blocks of a fused QKV separately (each block with its own adjust_lr factor).
+            row blocks of a fused QKV separately (each block with its own adjust_lr factor);
+            ``compute_layouts={"blocks.*.attn.qkv.weight": "row_blocks:3"}`` names them by
+            pattern (:mod:`muon_offload.compute_layouts`; the plan's ``row_blocks`` are the
+            default).
         adamw_lr, adamw_betas, adamw_eps, adamw_weight_decay: torch.optim.AdamW's for
             embeddings, the output head, norms and biases (weight decay defaults to
             ``weight_decay``); a group may set ``adamw_lr`` etc. for its own AdamW part.

@@ -12,7 +12,7 @@ import json
 import os
 from typing import Dict, Optional
 
-__all__ = ["read", "node_rank", "targets", "PlanError"]
+__all__ = ["read", "node_rank", "targets", "row_blocks", "PlanError"]
 
 
 class PlanError(ValueError):
@@ -31,6 +31,22 @@ def read(path: str) -> dict:
         schema = plan.get("schema") if isinstance(plan, dict) else None
         raise PlanError(f"plan '{path}': not a muon-offload plan (schema {schema!r})")
     return plan
+
+
+def row_blocks(path: Optional[str]) -> Dict[str, int]:
+    """``{parameter name: row blocks}`` of the plan at ``path`` for every parameter it cuts into
+    more than one block of rows (``parameters[].row_blocks``, the model config's); {} without
+    a plan. Raises PlanError as :func:`read`, or for a row_blocks that is not an integer >= 1."""
+    if not path:
+        return {}
+    out = {}
+    for p in read(path).get("parameters", []):
+        n = p.get("row_blocks", 1)
+        if not _is_index(n) or n < 1:
+            raise PlanError(f"plan '{path}': parameter {p.get('name')!r} has row_blocks {n!r}")
+        if n > 1:
+            out[str(p["name"])] = int(n)
+    return out
 
 
 def node_rank(environ=os.environ) -> int:
