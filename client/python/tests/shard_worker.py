@@ -190,8 +190,8 @@ class TPNet(nn.Module):
 
 def run_tp(rank: int, world: int, init: str, socket: str, outdir: str, steps: int = 3):
     """One rank of test_tp.py (world 4): TPNet under parallelize_module on a 1-D mesh of 4
-    (every rank the same batch), and under TP x FSDP on a 2 x 2 (dp, tp) mesh (the batch of
-    the dp coordinate), each with OffloadMuon and, unsharded, InProcessMuon averaging over the
+    (every rank the same batch), under TP x FSDP on a 2 x 2 (dp, tp) mesh (the batch of
+    the dp coordinate), and under HSDP (2 replicas x 2 shards, each rank its own batch), each with OffloadMuon and, unsharded, InProcessMuon averaging over the
     data-parallel ranks only. Saves the full parameters, byte counters, the bytes step()
     all-reduced and the collectives it issued."""
     _init(rank, world, init)
@@ -214,18 +214,21 @@ def run_tp(rank: int, world: int, init: str, socket: str, outdir: str, steps: in
     dp_rank = mesh2.get_coordinate()[0]
     try:
         res = {}
-        for variant in ("tp", "tp_ref", "fsdp_tp", "fsdp_tp_ref"):
+        for variant in ("tp", "tp_ref", "fsdp_tp", "fsdp_tp_ref", "hsdp", "hsdp_ref"):
             model = TPNet()
-            data_rank = 0 if variant.startswith("tp") else dp_rank
+            data_rank = {"tp": 0, "fsdp": dp_rank, "hsdp": rank}[variant.split("_")[0]]
             if variant == "tp":
                 parallelize_module(model, init_device_mesh("cpu", (world,)), plan)
             if variant == "fsdp_tp":
                 parallelize_module(model, mesh2["tp"], plan)
                 fully_shard(model, mesh=mesh2["dp"])
+            if variant == "hsdp":  # 2 replicas x 2 shards; FSDP all-reduces the replicas
+                fully_shard(model, mesh=init_device_mesh("cpu", (2, 2),
+                                                         mesh_dim_names=("rep", "shard")))
             if variant.endswith("_ref"):
-                # The data-parallel group: all ranks for "tp" (same data), the dp ranks of this
-                # tp coordinate for "fsdp_tp".
-                pg = None if variant == "tp_ref" else mesh2["dp"].get_group()
+                # The data-parallel group: all ranks for "tp" (same data) and "hsdp", the dp
+                # ranks of this tp coordinate for "fsdp_tp".
+                pg = mesh2["dp"].get_group() if variant == "fsdp_tp_ref" else None
                 opt = InProcessMuon(model.named_parameters(), process_group=pg, **kw)
             else:
                 opt = OffloadMuon(model.named_parameters(), servers=[socket],
