@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The main job: a small GPT trained character by character on the fortunes of Debian's `fortunes`
-# package by 2 ranks (torch.distributed, gloo, CPU, the model under DistributedDataParallel), with
-# Muon running in a muon-offloadd server (CPU backend unless a GPU is present); then the same run
+# package by 2 ranks (torch.distributed, gloo, CPU), with Muon running in a muon-offloadd server
+# (CPU backend unless a GPU is present) and the model sharded by FSDP2 (fully_shard: each rank
+# pushes only its shard of each matrix and prints those bytes next to the full Muon bytes; the
+# other runs put the model under DistributedDataParallel); then the same run
 # with in-process Muon (the same C++ kernels: the losses must be bitwise equal), with
 # torch.optim.Muon + torch.optim.AdamW (the anchor users compare with) and with AdamW alone; then
 # a summary (loss difference offload vs torch.optim.Muon, tokens/s, optimizer time exposed).
@@ -48,8 +50,8 @@ LAUNCH=(scripts/muon-offload-launch --threads 1 --bin-dir "$BUILD_DIR")
 if [ "$GPU" = 1 ]; then BACKEND=cuda; else LAUNCH+=(--cpu); fi
 
 echo
-echo "== 1/4: Muon offloaded to muon-offloadd ($BACKEND backend), 2 ranks, $STEPS steps =="
-"${LAUNCH[@]}" -- "$PY" "${TRAIN[@]}" --optimizer offload --out "$OUT_DIR/offload.json"
+echo "== 1/4: Muon offloaded to muon-offloadd ($BACKEND backend), 2 ranks under FSDP2, $STEPS steps =="
+"${LAUNCH[@]}" -- "$PY" "${TRAIN[@]}" --optimizer offload --fsdp --out "$OUT_DIR/offload.json"
 echo
 echo "== 2/4: the same with in-process Muon (same C++ kernels, same seed) =="
 "$PY" "${TRAIN[@]}" --optimizer inprocess --out "$OUT_DIR/inprocess.json"
