@@ -17,36 +17,50 @@ Client::Client(ClientConfig config) : config_(std::move(config)) {
     throw InvalidArgument("client: rank " + std::to_string(config_.rank) + " outside world size " +
                           std::to_string(config_.world_size));
   }
-  connect_all();
+  resolve_endpoint_settings();
+  if (config_.connect_on_first_use) {
+    lazy_ = *config_.connect_on_first_use;
+  } else {
+    const char* scope = std::getenv("MUON_OFFLOAD_SERVERS_SCOPE");
+    lazy_ = scope != nullptr && std::strcmp(scope, "global") == 0;
+  }
+  connections_.resize(config_.servers.size());
+  if (!lazy_) {
+    for (size_t i = 0; i < connections_.size(); ++i) connection(i);
+  }
+}
+
+void Client::resolve_endpoint_settings() {
+  token_ = auth_token_for(config_.auth_token, config_.servers);
+  remote_ = config_.remote_data_plane;
+  if (!remote_ && transport::any_tcp_endpoint(config_.servers)) {
+    if (const char* env = std::getenv("MUON_OFFLOAD_REMOTE_DATA_PLANE"); env && *env) {
+      try {
+        remote_ = transport::parse_data_plane(env);
+      } catch (const InvalidArgument& e) {
+        throw InvalidArgument(e.message() + " (from MUON_OFFLOAD_REMOTE_DATA_PLANE)");
+      }
+    }
+  }
 }
 
 Client::~Client() {
   connections_.clear();  // joins the reader threads before the members their callbacks use go
 }
 
-void Client::connect_all() {
-  connections_.clear();
-  const std::string token = auth_token_for(config_.auth_token, config_.servers);
-  auto remote = config_.remote_data_plane;
-  if (!remote && transport::any_tcp_endpoint(config_.servers)) {
-    if (const char* env = std::getenv("MUON_OFFLOAD_REMOTE_DATA_PLANE"); env && *env) {
-      try {
-        remote = transport::parse_data_plane(env);
-      } catch (const InvalidArgument& e) {
-        throw InvalidArgument(e.message() + " (from MUON_OFFLOAD_REMOTE_DATA_PLANE)");
-      }
-    }
-  }
-  for (const auto& path : config_.servers) {
-    const bool tcp = transport::parse_endpoint(path).is_tcp();
-    connections_.push_back(std::make_unique<Connection>(
-        path, config_.rank, config_.world_size,
-        config_.name.empty() ? "rank " + std::to_string(config_.rank) : config_.name,
-        config_.connect_timeout, config_.op_timeout, tcp && remote ? *remote : config_.data_plane,
-        token));
-    connections_.back()->set_update_callback(
-        [this](const std::string& name, int64_t step) { on_update_complete(name, step); });
-  }
+Connection& Client::connection(size_t i) {
+  auto& slot = connections_.at(i);
+  if (slot) return *slot;
+  const auto& path = config_.servers[i];
+  const bool tcp = transport::parse_endpoint(path).is_tcp();
+  slot = std::make_unique<Connection>(
+      path, config_.rank, config_.world_size,
+      config_.name.empty() ? "rank " + std::to_string(config_.rank) : config_.name,
+      config_.connect_timeout, config_.op_timeout, tcp && remote_ ? *remote_ : config_.data_plane,
+      token_);
+  slot->set_update_callback(
+      [this](const std::string& name, int64_t step) { on_update_complete(name, step); });
+  return *slot;
 }
 
 void Client::on_update_complete(const std::string& name, int64_t step) {
@@ -69,7 +83,7 @@ const ParameterRegistration& Client::registration(const std::string& name) const
 }
 
 Connection& Client::owner(const std::string& name) {
-  return *connections_.at(static_cast<size_t>(registration(name).server));
+  return connection(static_cast<size_t>(registration(name).server));
 }
 
 void Client::register_parameters(const std::vector<ParameterRegistration>& params) {
@@ -82,7 +96,7 @@ void Client::register_parameters(const std::vector<ParameterRegistration>& param
     }
     transport::RegisterParam m{p.name,    p.shape, p.grad_dtype, p.update_dtype,
                                p.options, p.push,  p.want};
-    auto& c = *connections_[static_cast<size_t>(p.server)];
+    auto& c = connection(static_cast<size_t>(p.server));
     c.expect_updates(p.name, p.want, transport::dtype_bytes(p.update_dtype));
     sent.emplace_back(static_cast<size_t>(p.server), c.send_register(m));
     params_[p.name] = p;
@@ -150,7 +164,9 @@ void Client::commit(const std::string& name, int64_t step) {
 }
 
 void Client::flush() {
-  for (auto& c : connections_) c->flush();
+  for (auto& c : connections_) {
+    if (c) c->flush();
+  }
 }
 
 bool Client::wait_update(const std::string& name, int64_t step, void* dst) {
@@ -227,7 +243,9 @@ StepStats Client::report_step(int64_t step) {
   r.parameters = stats.parameters;
   r.slowest_parameter = stats.slowest_parameter;
   last_stats_ = stats;
-  for (auto& c : connections_) c->send_step_report(r);
+  for (auto& c : connections_) {
+    if (c) c->send_step_report(r);
+  }
   return stats;
 }
 
@@ -257,16 +275,20 @@ void Client::load_momentum(const std::string& name, int64_t step, const float* v
 }
 
 std::string Client::snapshot(int server, const std::string& path) {
-  return connections_.at(static_cast<size_t>(server))->snapshot(path);
+  return connection(static_cast<size_t>(server)).snapshot(path);
 }
 
 transport::HealthOk Client::health(int server) {
-  return connections_.at(static_cast<size_t>(server))->health();
+  return connection(static_cast<size_t>(server)).health();
 }
 
 void Client::reconnect() {
   connections_.clear();
-  connect_all();
+  resolve_endpoint_settings();
+  connections_.resize(config_.servers.size());
+  if (!lazy_) {
+    for (size_t i = 0; i < connections_.size(); ++i) connection(i);
+  }
   std::vector<ParameterRegistration> all;
   for (const auto& [name, p] : params_) all.push_back(p);
   register_parameters(all);

@@ -62,6 +62,16 @@ struct ClientConfig {
   /// endpoint is configured (client/auth_token_source.hpp). A tcp server refuses a hello without
   /// its token: ServerError with code "unauthorized".
   std::string auth_token;
+  /// When to connect to a server: false, at construction (every server); true, when a
+  /// parameter it owns is first registered (or snapshot/health names it), so that a rank opens
+  /// connections only to the servers its parameters use. Unset: true when
+  /// $MUON_OFFLOAD_SERVERS_SCOPE is "global" (the launcher sets it for a plan spanning hosts:
+  /// the list is then every server of the plan, and a rank that pushes to its domain's relay
+  /// would otherwise hold N x S connections, with NCCL two communicators each), else false.
+  /// A server that cannot be reached then fails the registration that needs it (ConnectionLost
+  /// naming the endpoint), not the construction; cuda_ipc and nccl connections open on the
+  /// CUDA device current at that registration.
+  std::optional<bool> connect_on_first_use;
 };
 
 /// One parameter as this rank registers it.
@@ -183,10 +193,20 @@ class Client {
                   const std::function<bool(Connection&)>& wait);
   /// Bytes of the packed want ranges of a parameter (update dtype).
   size_t want_bytes(const ParameterRegistration& reg) const;
-  void connect_all();
+  /// Opens the connection to server `i` (an index into config_.servers) if it is not open.
+  Connection& connection(size_t i);
+  /// Whether connections open on first use (ClientConfig::connect_on_first_use, resolved).
+  bool lazy_ = false;
+  /// The hello's token and the data plane of tcp endpoints, resolved at construction and at
+  /// each reconnect() (a token file may have been rewritten meanwhile).
+  void resolve_endpoint_settings();
+  std::string token_;
+  std::optional<transport::DataPlane> remote_;
   /// Installed on every connection: records when each update completed, then calls callback_.
   void on_update_complete(const std::string& name, int64_t step);
   ClientConfig config_;
+  /// One slot per configured server; null until connected (lazy_) — the caller's thread
+  /// only creates them, the reader threads never touch the vector.
   std::vector<std::unique_ptr<Connection>> connections_;
   std::map<std::string, ParameterRegistration> params_;
 

@@ -228,7 +228,8 @@ class OffloadMuon(MuonOptimizerBase):
                 f"`muon-offload health --socket {self.servers[0]}`)") from None
         self._device_io = bool(cuda_params) and _native.has_cuda()
         try:
-            self._register(self._muon_params)
+            with on_device:  # connections opened on first use (global scope): the same device
+                self._register(self._muon_params)
             if resume_from_server:
                 self._adopt_server_state()
             if ddp is not None:
