@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <nlohmann/json.hpp>
 
 #include "client/device_scope.hpp"
 #include "transport/endpoint.hpp"
@@ -203,8 +204,13 @@ uint32_t Connection::send_request(MessageType type, const std::string& payload) 
 }
 
 transport::Frame Connection::wait_reply(uint32_t id, const std::string& what) {
+  return wait_reply_until(id, what, deadline());
+}
+
+transport::Frame Connection::wait_reply_until(uint32_t id, const std::string& what,
+                                              Clock::time_point until) {
   std::unique_lock lk(mu_);
-  if (!cv_.wait_until(lk, deadline(), [&] { return replies_[id].done || !lost_.empty(); })) {
+  if (!cv_.wait_until(lk, until, [&] { return replies_[id].done || !lost_.empty(); })) {
     replies_.erase(id);
     throw Timeout("no answer from muon-offloadd at '" + path_ + "' within " + ms_text(op_timeout_) +
                   " to " + what);
@@ -225,8 +231,37 @@ uint32_t Connection::send_register(const transport::RegisterParam& reg) {
 }
 
 transport::RegisterOk Connection::wait_register(uint32_t id, const std::string& name) {
-  return transport::decode<transport::RegisterOk>(
-      wait_reply(id, "the registration of '" + name + "'").payload);
+  try {
+    return transport::decode<transport::RegisterOk>(
+        wait_reply(id, "the registration of '" + name + "'").payload);
+  } catch (const Timeout& e) {
+    // A registration waits for every rank of the job: say which ones it still waits for.
+    throw Timeout(e.message() + registration_progress(name));
+  }
+}
+
+std::string Connection::registration_progress(const std::string& name) {
+  try {
+    const auto id = send_request(MessageType::status, "");
+    const auto status = nlohmann::json::parse(
+        wait_reply_until(id, "a status", Clock::now() + std::chrono::seconds(1)).payload);
+    for (const auto& p : status.at("parameters")) {
+      if (p.at("name") != name || p.value("registered", true) || !p.contains("missing_ranks")) {
+        continue;
+      }
+      std::string ranks;
+      for (const auto& r : p.at("missing_ranks")) {
+        ranks += (ranks.empty() ? "" : ", ") + std::to_string(r.get<int>());
+      }
+      return "; ranks " + ranks + " of the job's " +
+             std::to_string(status.value("world_size", 0)) +
+             " have not registered it (a registration waits for every rank of the job: start "
+             "them all, each registering the same parameters)";
+    }
+  } catch (const std::exception&) {
+    // No status within the second, or not the expected one: the timeout says enough.
+  }
+  return "";
 }
 
 void Connection::expect_updates(const std::string& name, std::vector<transport::Range> want,

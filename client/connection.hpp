@@ -188,6 +188,12 @@ class Connection {
 
   uint32_t send_request(transport::MessageType type, const std::string& payload);
   transport::Frame wait_reply(uint32_t id, const std::string& what);
+  /// wait_reply until `until` instead of the op timeout.
+  transport::Frame wait_reply_until(uint32_t id, const std::string& what, Clock::time_point until);
+  /// What the server's status says of the registration of `name` that did not complete in time:
+  /// "; ranks 1, 2 of the job's 3 have not registered it (...)", or "" when it cannot tell within
+  /// a second (a hung server) or the parameter is not registering.
+  std::string registration_progress(const std::string& name);
   void send_frame(transport::MessageType type, const std::string& payload, uint32_t id = 0);
   void reader_loop();
   void handle(transport::Frame frame);

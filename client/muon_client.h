@@ -78,7 +78,9 @@ int muon_client_has_cuda(void);
  * then muon_last_error() (MUON_ERR_UNAVAILABLE, "unavailable"). Static storage; never NULL. */
 const char* muon_client_cuda_runtime(void);
 
-/* Registers one parameter with server `server` and waits until every rank registered it.
+/* Registers one parameter with server `server` and waits until every rank registered it (every
+ * rank of the job must register the same parameters). A wait past op_timeout_ms fails with
+ * MUON_ERR_TIMEOUT naming the ranks that have not registered it.
  * grad_dtype / update_dtype: "f32" or "bf16". */
 int muon_client_register(muon_client* c, const char* name, const int64_t* shape, int ndim,
                          const char* grad_dtype, const char* update_dtype, const char* options_json,
