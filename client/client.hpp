@@ -131,7 +131,10 @@ class Client {
   /// anything was announced leaves the connection usable.
   void push_device(const std::string& name, int64_t step, int64_t offset, const void* device_data,
                    int64_t count, StreamHandle stream);
-  /// Declares this rank's contribution to (name, step) complete.
+  /// Declares this rank's contribution to (name, step) complete; the server starts the step once
+  /// every contributor committed. A rank that registered no push ranges for `name` (an empty
+  /// shard) contributes nothing: it need not commit, and a commit from it is ignored by the
+  /// server (before or after the others pushed), so a loop may commit every parameter it holds.
   void commit(const std::string& name, int64_t step);
   /// Waits until every server has taken all pushed data out of shared memory.
   void flush();

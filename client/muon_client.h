@@ -97,6 +97,9 @@ int muon_client_push(muon_client* c, const char* name, int64_t step, int64_t off
  * memory, returns once pushed. MUON_ERR_INVALID when device_ptr is not device memory. */
 int muon_client_push_device(muon_client* c, const char* name, int64_t step, int64_t offset,
                             const void* device_ptr, int64_t count, void* cuda_stream);
+/* Declares this rank's pushes of (name, step) complete; the server starts the step once every
+ * contributor committed. A rank whose push ranges are empty (an empty shard) contributes nothing:
+ * it need not commit, and a commit from it is ignored (before or after the others pushed). */
 int muon_client_commit(muon_client* c, const char* name, int64_t step);
 /* Waits for the update; writes the packed want ranges (update dtype) to dst (dst_bytes checked).
  * *applied is 0 when the server skipped the step (zeros). */

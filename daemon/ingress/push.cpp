@@ -118,6 +118,9 @@ void Engine::on_commit(const SessionPtr& s, const Frame& f) {
   auto m = transport::decode<transport::Commit>(f.payload);
   try {
     Param& p = registered_param(m.name, s);
+    // A rank that pushes nothing for this parameter (an empty shard) has nothing to commit: its
+    // commit is harmless, whether or not the others have pushed (client/muon_client.h).
+    if (!contributes(*p.layout, s->rank)) return;
     StepReducer* reducer = p.steps.gathering();
     if (!reducer || reducer->step() != m.step) {
       throw InvalidArgument("parameter '" + m.name + "': commit of step " + std::to_string(m.step) +

@@ -272,7 +272,9 @@ class Client:
                 f"{nbytes}")
 
     def commit(self, name: str, step: int) -> None:
-        """Declares this rank's contribution to (name, step) complete."""
+        """Declares this rank's contribution to (name, step) complete. A rank that registered no
+        push ranges for ``name`` contributes nothing: it need not commit, and a commit from it is
+        ignored by the server."""
         with self._mu:
             check(self._lib.muon_client_commit(self._handle(), name.encode(), int(step)),
                   f"commit of '{name}' step {step}")
