@@ -120,6 +120,14 @@ void muon_client_destroy(muon_client* c) {
   delete c;
 }
 
+int muon_client_set_job(muon_client* c, const char* job, int resume) {
+  return guarded([&] {
+    if (!c) throw muon::InvalidArgument("muon_client_set_job: null client");
+    c->impl->set_job(job ? job : "", resume != 0);
+    return MUON_OK;
+  });
+}
+
 int muon_client_register(muon_client* c, const char* name, const int64_t* shape, int ndim,
                          const char* grad_dtype, const char* update_dtype, const char* options_json,
                          const int64_t* push_ranges, int n_push, const int64_t* want_ranges,

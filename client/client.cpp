@@ -17,6 +17,7 @@ Client::Client(ClientConfig config) : config_(std::move(config)) {
     throw InvalidArgument("client: rank " + std::to_string(config_.rank) + " outside world size " +
                           std::to_string(config_.world_size));
   }
+  set_job(config_.job, config_.resume);  // its checks
   resolve_endpoint_settings();
   if (config_.connect_on_first_use) {
     lazy_ = *config_.connect_on_first_use;
@@ -95,7 +96,8 @@ void Client::register_parameters(const std::vector<ParameterRegistration>& param
                             std::to_string(connections_.size()) + " server(s) configured");
     }
     transport::RegisterParam m{p.name,    p.shape, p.grad_dtype, p.update_dtype,
-                               p.options, p.push,  p.want};
+                               p.options, p.push,  p.want,       config_.job,
+                               config_.resume};
     auto& c = connection(static_cast<size_t>(p.server));
     c.expect_updates(p.name, p.want, transport::dtype_bytes(p.update_dtype));
     sent.emplace_back(static_cast<size_t>(p.server), c.send_register(m));
@@ -104,6 +106,15 @@ void Client::register_parameters(const std::vector<ParameterRegistration>& param
   for (size_t i = 0; i < params.size(); ++i) {
     connections_[sent[i].first]->wait_register(sent[i].second, params[i].name);
   }
+}
+
+void Client::set_job(std::string job, bool resume) {
+  if (job.size() > transport::kMaxJob) {
+    throw InvalidArgument("job identity of " + std::to_string(job.size()) +
+                          " bytes; at most " + std::to_string(transport::kMaxJob));
+  }
+  config_.job = std::move(job);
+  config_.resume = resume;
 }
 
 void Client::for_each_piece(const std::string& name, int64_t offset, int64_t count,

@@ -72,6 +72,17 @@ struct ClientConfig {
   /// naming the endpoint), not the construction; cuda_ipc and nccl connections open on the
   /// CUDA device current at that registration.
   std::optional<bool> connect_on_first_use;
+  /// The training job this rank belongs to: the same string on every rank of the job (e.g. a
+  /// UUID that rank 0 makes and broadcasts), sent with each registration (at most 256 bytes).
+  /// A server that holds a parameter of another job registers it anew for this one once none of
+  /// that job's ranks is connected: fresh (momentum and step dropped) or, with `resume`, keeping
+  /// the momentum and last step the other job left. While a rank of that job is connected the
+  /// registration is refused (ServerError bad_request naming it). Empty: no identity; the
+  /// server keeps a parameter's state by name across jobs (the same name goes on at its step).
+  std::string job;
+  /// With `job`: adopt the state another job left under the same names instead of starting
+  /// fresh (a job restarted with a new identity, e.g. after a crash or at another world size).
+  bool resume = false;
 };
 
 /// One parameter as this rank registers it.
@@ -111,6 +122,10 @@ class Client {
   /// ServerError (refused: the message names the parameter and the reason), Timeout
   /// (other ranks did not register; the message names them), ConnectionLost.
   void register_parameters(const std::vector<ParameterRegistration>& params);
+
+  /// Sets ClientConfig::job and resume for the registrations from now on (those already made
+  /// keep theirs). InvalidArgument for a job longer than 256 bytes.
+  void set_job(std::string job, bool resume);
 
   /// Pushes `count` elements (grad dtype) at element `offset` of the parameter for `step`.
   /// Several pushes of the same elements in one step accumulate on the server. Returns once the

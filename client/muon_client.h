@@ -69,6 +69,16 @@ int muon_client_create_auth(const char* const* servers, int n_servers, int rank,
                             const char* name, int64_t connect_timeout_ms, int64_t op_timeout_ms,
                             const char* data_plane, const char* auth_token, muon_client** out);
 void muon_client_destroy(muon_client* c);
+
+/* The training job of this client's registrations from now on: the same string on every rank of
+ * the job (e.g. a UUID rank 0 makes and broadcasts; at most 256 bytes; NULL or "": none), and
+ * whether they resume (0/1). A server holding a parameter of another job registers it anew once
+ * none of that job's ranks is connected: fresh (momentum and step dropped), or keeping its
+ * momentum and last step with resume = 1; while a rank of that job is connected the registration
+ * fails with MUON_ERR_SERVER (bad_request, naming the rank). Without a job the server keeps a
+ * parameter's state by name across jobs. MUON_ERR_INVALID for a longer job. */
+int muon_client_set_job(muon_client* c, const char* job, int resume);
+
 /* 1 when this library was built with CUDA (the *_device functions and cuda_ipc can work). */
 int muon_client_has_cuda(void);
 /* The CUDA runtime this library uses. The library links none: at the first use of a device

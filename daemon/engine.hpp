@@ -123,6 +123,12 @@ class Engine {
 
   Param& registered_param(const std::string& name, const SessionPtr& s);
   void complete_registration(const std::string& name, Param& p);
+  /// A registration `m` of a registered parameter from another job, or from its job restarted
+  /// at another world size: once no compute rank of the parameter's job is connected, forgets
+  /// the parameter so that `m` registers it anew: fresh, or (the same job, or m.resume) keeping
+  /// momentum and last step through restored_, as a restored snapshot's. Throws InvalidArgument
+  /// while a rank of that job is connected or a step of it is in flight.
+  void hand_over(const transport::RegisterParam& m, const SessionPtr& s);
   void release_reregistrations(Param& p);
   /// Sends register_ok (contributors, last applied step) to every rank waiting for it.
   void answer_registration(Param& p);

@@ -296,6 +296,8 @@ void Relay::register_param(int owner, transport::RegisterParam reg,
       post_([done, err = error_of(e, owner, reg.name, -1)] { done(err, {}); });
       return;
     }
+    // A name registered anew (another job took it over) replaces its earlier registration.
+    std::erase_if(registered_[owner], [&](const auto& r) { return r.name == reg.name; });
     registered_[owner].push_back(reg);
     waiter(owner).push([this, owner, conn, id, name = reg.name, done = std::move(done)] {
       try {

@@ -67,6 +67,9 @@ class Session : public std::enable_shared_from_this<Session> {
   /// Set after `hello`.
   int rank = -1;
   int world_size = 0;
+  /// The job of the session's latest registration (transport::RegisterParam::job); unset
+  /// before its first.
+  std::optional<std::string> job;
   /// Accepted on the TCP listener: the hello must carry the server's token, and only health is
   /// answered before it.
   bool tcp = false;

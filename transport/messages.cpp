@@ -235,7 +235,9 @@ std::string encode(const RegisterParam& m) {
               {"update_dtype", dtype_name(m.update_dtype)},
               {"options", options_to_json_object(m.options)},
               {"push", ranges_json(m.push)},
-              {"want", ranges_json(m.want)}}
+              {"want", ranges_json(m.want)},
+              {"job", m.job},
+              {"resume", m.resume}}
       .dump();
 }
 std::string encode(const RegisterOk& m) {
@@ -381,6 +383,8 @@ RegisterParam decode<RegisterParam>(const std::string& p) {
   m.options = read_options(opts, "register_param.options");
   m.push = read_ranges(r, "push");
   m.want = read_ranges(r, "want");
+  m.job = r.has("job") ? r.str("job", kMaxJob) : "";  // absent from older clients: no identity
+  m.resume = r.bool_or("resume", false);
   return m;
 }
 template <>

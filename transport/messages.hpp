@@ -125,7 +125,17 @@ struct RegisterParam {
   MuonOptions options;
   std::vector<Range> push;  ///< element ranges this rank contributes (may be empty)
   std::vector<Range> want;  ///< element ranges of the update this rank receives (may be empty)
+  /// The training job registering it: the same string on every rank of the job (optional on
+  /// the wire, at most kMaxJob bytes; "" = no identity: state is kept by name across jobs, the
+  /// behaviour of clients before job identities). A registration of another job than the one
+  /// that registered the parameter, once none of that job's ranks is connected, registers it
+  /// anew: fresh (momentum and step dropped) or, with `resume`, keeping momentum and step
+  /// (daemon/README.md, "Jobs").
+  std::string job;
+  bool resume = false;  ///< optional on the wire (absent = false)
 };
+/// Bytes a RegisterParam::job may have.
+constexpr size_t kMaxJob = 256;
 
 struct RegisterOk {
   std::string name;

@@ -120,7 +120,8 @@ void Engine::on_hello(const SessionPtr& s, const Frame& f) {
   if (world_size_ != 0 && m.world_size != world_size_) {
     throw transport::ProtocolError(
         "world size mismatch: this server serves a job of " + std::to_string(world_size_) +
-        " ranks, rank " + std::to_string(m.rank) + " says " + std::to_string(m.world_size));
+        " ranks, rank " + std::to_string(m.rank) + " says " + std::to_string(m.world_size) +
+        " (a job of another size is taken once every rank of this one has left)");
   }
   if (auto other = session_of(m.rank)) {
     throw transport::ProtocolError("rank " + std::to_string(m.rank) +

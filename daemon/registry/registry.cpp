@@ -1,6 +1,6 @@
 // Registration: a parameter's registrations from its registrants (every rank, or the plan's
 // route), its layout once all have registered, a relayed parameter's registration with its owner,
-// and re-registration by ranks that reconnected.
+// re-registration by ranks that reconnected, and a job taking over a parameter another job left.
 #include "daemon/engine.hpp"
 
 #include <algorithm>
@@ -22,7 +22,13 @@ void Engine::on_register(const SessionPtr& s, const Frame& f) {
   spec.grad_dtype = m.grad_dtype;
   spec.update_dtype = m.update_dtype;
   spec.options = m.options;
+  s->job = m.job;
   auto it = params_.find(m.name);
+  if (it != params_.end() && it->second.registered() &&
+      (it->second.job != m.job || it->second.world_size != world_size_)) {
+    hand_over(m, s);  // the parameter is registered anew below (or this throws)
+    it = params_.end();
+  }
   if (it != params_.end() && it->second.registered()) {
     // Re-registration (a client that reconnected): must match what the job registered.
     Param& p = it->second;
@@ -60,6 +66,13 @@ void Engine::on_register(const SessionPtr& s, const Frame& f) {
         p.pending.emplace(spec, world_size_);
         p.role = make_owned_role(*this);
       }
+      p.job = m.job;
+      p.resume = m.resume;
+      p.world_size = world_size_;
+    } else if (m.job != p.job) {
+      throw InvalidArgument("parameter '" + m.name + "': " + rank_name(s->rank) +
+                            " registers it for job '" + m.job + "', the ranks before it for job '" +
+                            p.job + "': every rank of a job must name the same job");
     }
     bool complete = false;
     try {
@@ -82,6 +95,43 @@ void Engine::on_register(const SessionPtr& s, const Frame& f) {
     if (fresh && p.waiting.empty()) params_.erase(m.name);
     throw;
   }
+}
+
+void Engine::hand_over(const transport::RegisterParam& m, const SessionPtr& s) {
+  Param& p = params_.at(m.name);
+  // The same job at another world size: the server took the new size, so none of the old
+  // job's ranks is connected.
+  const bool same_job = p.job == m.job;
+  for (const auto& [id, w] : sessions_) {
+    auto other = w.lock();
+    // Compute ranks that registered for that job; a relay's session outlives the jobs it
+    // relays for.
+    if (same_job || !other || other == s || other->closed() || other->rank < 0 ||
+        other->rank >= other->world_size || other->job != p.job) {
+      continue;
+    }
+    throw InvalidArgument("parameter '" + m.name + "' belongs to job '" + p.job + "', whose " +
+                          rank_name(other->rank) + " (" + other->client_name +
+                          ") is still connected: a second job on this server needs other "
+                          "parameter names (prefix=)");
+  }
+  if (p.phase() != Phase::idle) {
+    throw InvalidArgument("parameter '" + m.name + "': a step of job '" + p.job + "' is still " +
+                          phase_name(p.phase()) + "; register it again once that finished");
+  }
+  const bool keep = (same_job || m.resume) && p.role->keeps_momentum_here() && p.last_step() >= 0;
+  log()->info("parameter '{}': job '{}' of {} rank(s) registers it after job '{}' of {} left: {}",
+              m.name, m.job, world_size_, p.job, p.world_size,
+              keep ? "keeping its momentum and step " + std::to_string(p.last_step())
+                   : std::string("starting fresh"));
+  if (keep) {  // taken over like a restored snapshot's entry: any world size and layout
+    restored_[m.name] = SnapshotEntry{m.name, dims_of(p.layout->spec.shape), p.last_step(),
+                                      p.layout->spec.options, host_momentum(p)};
+  } else {
+    restored_.erase(m.name);
+  }
+  if (p.timer) p.timer->cancel();
+  params_.erase(m.name);
 }
 
 void Engine::complete_registration(const std::string& name, Param& p) {

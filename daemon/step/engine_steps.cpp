@@ -213,6 +213,24 @@ void Engine::on_closed(const SessionPtr& s, const std::string& why) {
          name, step, rank},
         rank);
   }
+  if (rank < 0 || stopping_) return;
+  // A registration that nobody waits for any more: every rank that registered it left.
+  std::erase_if(params_, [](auto& kv) {
+    auto& p = kv.second;
+    const bool void_registration = p.phase() == Phase::registering && p.waiting.empty();
+    if (void_registration && p.timer) p.timer->cancel();
+    return void_registration;
+  });
+  // The job is over once none of its compute ranks is connected: the next job may have another
+  // world size (its registrations then take the parameters over: Engine::hand_over).
+  const bool a_rank_remains = std::any_of(ranks_.begin(), ranks_.end(), [&](const auto& kv) {
+    return kv.first < world_size_ && !kv.second.expired();
+  });
+  if (world_size_ != 0 && !a_rank_remains && !routes_) {
+    log()->info("every rank of the job of {} has left: a job of any size may connect", world_size_);
+    world_size_ = 0;
+    lost_ranks_.clear();
+  }
 }
 
 }  // namespace muon::daemon

@@ -25,6 +25,8 @@ class OwnedRole final : public ParameterRole {
         log()->warn("snapshot holds '{}' as {} but it was registered as {}: starting from zero",
                     name, rs.str(), shape.str());
       }
+      // Taken once: a later job that registers the name anew fresh must not find it again.
+      e_.restored_.erase(r);
     }
     const bool keeps = p.layout->spec.options.momentum.convention != MomentumConvention::none;
     p.storage = e_.make_storage(shape.numel(), keeps);

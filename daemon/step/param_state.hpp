@@ -38,6 +38,12 @@ struct ParamState {
   /// Owned here, or relayed to its owner for this server's domain (the plan's route); set with
   /// the first registration, fixed after.
   std::unique_ptr<ParameterRole> role;
+  /// The job that registered it (transport::RegisterParam::job; "" none), whether it asked to
+  /// resume, and its world size: set with the first registration, fixed after. Another job, or
+  /// the same one at another size, registers it anew once this one left (Engine::hand_over).
+  std::string job;
+  bool resume = false;
+  int world_size = 0;
   std::vector<float> momentum;  // host copy (param_storage.hpp)
   std::vector<float> grad, update;                     // recycled through each step's job
   std::unique_ptr<boost::asio::steady_timer> timer;    // at steps.deadline()

@@ -26,6 +26,8 @@ class RelayedRole final : public ParameterRole {
     // The domain's partial sum covers what its ranks push; it wants what they want.
     reg.push = covered(*p.layout, &RankRanges::push);
     reg.want = covered(*p.layout, &RankRanges::want);
+    reg.job = p.job;  // the owner hands its state over as the domain's ranks asked
+    reg.resume = p.resume;
     log()->info(
         "parameter '{}' {} registered by ranks {} of this domain; registering it with its "
         "owner, server {}",

@@ -83,6 +83,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "muon_client_create_auth": (i, [ctypes.POINTER(cp), i, i, i, cp, i64, i64, cp, cp,
                                         ctypes.POINTER(ctypes.c_void_p)]),
         "muon_client_destroy": (None, [h]),
+        "muon_client_set_job": (i, [h, cp, i]),
         "muon_client_has_cuda": (i, []),
         "muon_client_cuda_runtime": (cp, []),
         "muon_client_register": (i, [h, cp, c_int64_p, i, cp, cp, cp, c_int64_p, i, c_int64_p, i,

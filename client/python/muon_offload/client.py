@@ -131,6 +131,13 @@ class Client:
     --auth-token-file), sent in the hello on ``tcp://`` endpoints only; None: read from the file
     named by ``MUON_OFFLOAD_TOKEN_FILE`` when a tcp endpoint is given.
 
+    ``job`` (str, optional): the training job's identity, the same on every rank (e.g. a UUID
+    rank 0 makes and broadcasts; at most 256 bytes). A server holding parameters of another job
+    whose ranks have all left registers them anew for this one: fresh (no ``prefix=`` needed for
+    a rerun), or with ``resume=True`` keeping the momentum and step the other job left. While a
+    rank of that job is connected, registering fails with ServerError naming it. None: no
+    identity, the server keeps state by name across jobs. See :meth:`set_job`.
+
     Raises :class:`~muon_offload.ConnectionLost` naming the socket when a server is unreachable
     within ``connect_timeout_ms``; :class:`~muon_offload.ServerError` when a server refuses the
     hello (the data plane; "unauthorized": a missing or wrong token over TCP). Not thread-safe by itself; this wrapper serialises calls with
@@ -139,7 +146,8 @@ class Client:
 
     def __init__(self, servers: Sequence[str], rank: int = 0, world_size: int = 1,
                  name: str = "", connect_timeout_ms: int = 10000, op_timeout_ms: int = 120000,
-                 data_plane: Optional[str] = None, auth_token: Optional[str] = None):
+                 data_plane: Optional[str] = None, auth_token: Optional[str] = None,
+                 job: Optional[str] = None, resume: bool = False):
         if isinstance(servers, str):
             servers = [s for s in servers.split(",") if s]
         servers = [str(s) for s in servers]
@@ -165,6 +173,8 @@ class Client:
                                                 ctypes.byref(handle)),
               f"connecting rank {rank} to {', '.join(servers)} (data plane {self.data_plane})")
         self._h = handle
+        if job is not None or resume:
+            self.set_job(job or "", resume)
 
     # -- lifetime --------------------------------------------------------------------------
     def close(self) -> None:
@@ -192,12 +202,21 @@ class Client:
         return self._h
 
     # -- parameters ------------------------------------------------------------------------
+    def set_job(self, job: str, resume: bool = False) -> None:
+        """The job identity (str, "" for none) and resume flag of the registrations from now on
+        (see the class docstring). Raises InvalidArgument for a job longer than 256 bytes."""
+        with self._mu:
+            check(self._lib.muon_client_set_job(self._handle(), str(job).encode(),
+                                                int(bool(resume))), "set_job")
+
     def register(self, name: str, shape: Sequence[int], options: Optional[Mapping] = None,
                  push: Optional[Iterable[Range]] = None, want: Optional[Iterable[Range]] = None,
                  server: int = 0, grad_dtype: str = "f32", update_dtype: str = "f32") -> None:
         """Registers a parameter [rows, cols] or [batch, rows, cols] with server ``server`` and
-        waits until every rank of the job registered it. ``push``/``want`` are element ranges
-        [begin, end) over the flattened parameter (default: all elements)."""
+        waits until every rank of the job registered it (a Timeout past ``op_timeout_ms`` names
+        the ranks that have not). ``push``/``want`` are element ranges [begin, end) over the
+        flattened parameter (default: all elements; ``[]`` an empty shard: the rank pushes
+        nothing and its commits are ignored)."""
         numel = 1
         for d in shape:
             numel *= int(d)

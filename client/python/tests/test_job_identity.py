@@ -1,0 +1,65 @@
+"""Jobs on one server through the Python Client (issue 13's friction list; the server side is
+tested in tests/daemon/test_job_lifecycle.cpp): a new job identity starts fresh under the same
+names, resume adopts the state the last job left, and a lone rank's registration timeout names
+the ranks it waits for."""
+import numpy as np
+import pytest
+
+from muon_offload import Client, Timeout, local_update
+
+OPTS = {"mu": 0.9, "nesterov": True}
+SHAPE = (4, 6)
+
+
+def grad(step):
+    return np.random.default_rng(step).standard_normal(SHAPE).astype(np.float32)
+
+
+def run_step(c, step, g):
+    c.push("w", step, 0, g)
+    c.commit("w", step)
+    out = np.empty(g.size, np.float32)
+    assert c.wait_update("w", step, out)
+    return out.reshape(SHAPE)
+
+
+def reference(steps):
+    """Updates and the final momentum of a fresh run over grad(0..steps-1)."""
+    momentum = np.zeros(SHAPE, np.float32)
+    updates = []
+    for s in range(steps):
+        u = np.empty(SHAPE, np.float32)
+        local_update("w", SHAPE, OPTS, grad(s), momentum, u, threads=1)
+        updates.append(u)
+    return updates, momentum
+
+
+def test_a_new_job_starts_fresh_and_resume_adopts_the_state(server):
+    updates, momentum = reference(3)
+    with Client([server.socket], job="run 1") as c:
+        c.register("w", SHAPE, OPTS)
+        for s in range(2):
+            run_step(c, s, grad(s))
+    # A rerun under the same names: was "step 0 was already applied" without prefix=.
+    with Client([server.socket], job="run 2") as c:
+        c.register("w", SHAPE, OPTS)
+        for s in range(2):
+            assert np.array_equal(run_step(c, s, grad(s)), updates[s]), s
+    # A third job resumes what run 2 left: its momentum, and step 2 next.
+    with Client([server.socket], job="run 3", resume=True) as c:
+        c.register("w", SHAPE, OPTS)
+        assert np.array_equal(run_step(c, 2, grad(2)), updates[2])
+    with Client([server.socket], job="run 3") as c:  # the same job again: its state by name
+        c.register("w", SHAPE, OPTS)
+        m = np.empty(SHAPE, np.float32)
+        assert c.fetch_momentum("w", m) == 2
+        assert np.array_equal(m, momentum)
+
+
+def test_a_lone_rank_hears_which_ranks_its_registration_waits_for(server):
+    with Client([server.socket], rank=0, world_size=3, op_timeout_ms=1500) as c:
+        with pytest.raises(Timeout) as e:
+            c.register("alone", SHAPE, OPTS)
+    msg = str(e.value)
+    assert "within 1500 ms" in msg, msg
+    assert "ranks 1, 2 of the job's 3 have not registered it" in msg, msg
