@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+import uuid
 import warnings
 import weakref
 from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
@@ -111,7 +112,13 @@ class OffloadMuon(MuonOptimizerBase):
             may take before :class:`~muon_offload.Timeout`; ``connect_timeout_s`` for the
             connection itself.
         resume_from_server: adopt the momentum and step the server holds (a server restarted
-            with ``--restore``) instead of starting at step 0.
+            with ``--restore``, or a previous job's state) instead of starting at step 0.
+        job: this training job's identity, the same on every rank (default: a UUID rank 0 makes
+            and broadcasts over the process group). A server that holds parameters of the same
+            names for another job starts them fresh once that job's ranks are gone (no
+            ``prefix=`` needed for a rerun), or keeps their momentum and step with
+            ``resume_from_server=True``; while a rank of that job is connected the registration
+            is refused, naming it (daemon/README.md, "Jobs").
         data_plane: ``"shm"`` (host shared memory, any server) or ``"cuda_ipc"`` (the servers'
             device rings over CUDA IPC: same node, servers on the CUDA backend); default:
             environment ``MUON_OFFLOAD_DATA_PLANE``, else ``"shm"``. With ``cuda_ipc`` the rings
@@ -183,6 +190,7 @@ class OffloadMuon(MuonOptimizerBase):
                  grad_dtype: str = "f32", update_dtype: str = "f32",
                  connect_timeout_s: float = 10.0, timeout_s: float = 120.0,
                  resume_from_server: bool = False, data_plane: Optional[str] = None,
+                 job: Optional[str] = None,
                  **muon_keywords):
         config = muon_config(config, muon_args, muon_keywords, type(self).__name__)
         if servers is None:
@@ -220,7 +228,9 @@ class OffloadMuon(MuonOptimizerBase):
                 self._client = Client(self.servers, rank=self.rank, world_size=self.world_size,
                                       name=f"rank {self.rank} pid {os.getpid()}",
                                       connect_timeout_ms=int(connect_timeout_s * 1000),
-                                      op_timeout_ms=int(timeout_s * 1000), data_plane=data_plane)
+                                      op_timeout_ms=int(timeout_s * 1000), data_plane=data_plane,
+                                      job=job if job is not None else self._job_identity(),
+                                      resume=resume_from_server)
         except ConnectionLost as e:
             raise e.with_message(
                 f"{e}\n(is muon-offloadd running? start it with scripts/muon-offload-launch, or "
@@ -237,6 +247,15 @@ class OffloadMuon(MuonOptimizerBase):
         except BaseException:
             self.close()  # a refused parameter: say goodbye, do not linger as rank r
             raise
+
+    def _job_identity(self) -> str:
+        """A fresh job identity, the same on every rank: rank 0's UUID, broadcast over the
+        process group (one object broadcast at construction)."""
+        ident = [uuid.uuid4().hex if self.rank == 0 else None]
+        if self._pg is not None and self.world_size > 1:
+            dist.broadcast_object_list(ident, src=dist.get_global_rank(self._pg, 0),
+                                       group=self._pg)
+        return ident[0]
 
     # -- registration ----------------------------------------------------------------------
     def _register(self, params: Sequence[torch.Tensor]) -> None:

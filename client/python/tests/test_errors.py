@@ -125,9 +125,11 @@ def test_refused_parameters_are_named(server):
                     row_splits={"blocks.0.qkv": [3, 3]})
     assert "blocks.0.qkv" in str(e.value)
     # the same name registered again with another shape by the same job
-    OffloadMuon([("blocks.0.x", w)], servers=[server.socket]).close()
+    # (a new job, the default, would start the name fresh with its own shape: test_job_identity)
+    OffloadMuon([("blocks.0.x", w)], servers=[server.socket], job="one job").close()
     with pytest.raises(ServerError) as e:
-        OffloadMuon([("blocks.0.x", nn.Parameter(torch.randn(6, 8)))], servers=[server.socket])
+        OffloadMuon([("blocks.0.x", nn.Parameter(torch.randn(6, 8)))], servers=[server.socket],
+                    job="one job")
     assert "blocks.0.x" in str(e.value)
     assert (e.value.error_name, e.value.error_code) == ("bad_request", 1)
     with pytest.raises(InvalidArgument, match="mode"):

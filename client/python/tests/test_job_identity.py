@@ -63,3 +63,44 @@ def test_a_lone_rank_hears_which_ranks_its_registration_waits_for(server):
     msg = str(e.value)
     assert "within 1500 ms" in msg, msg
     assert "ranks 1, 2 of the job's 3 have not registered it" in msg, msg
+
+
+def test_offload_muon_rerun_starts_fresh_without_prefix_and_resume_keeps_momentum(server):
+    """OffloadMuon's own job identity (a UUID per optimizer, broadcast by rank 0): a second
+    optimizer over the same names, no prefix=, starts at step 0 with zero momentum (its first
+    update is bitwise the first optimizer's first update, same gradient); one made with
+    resume_from_server=True adopts the momentum and step the last one left."""
+    import torch
+    from muon_offload import OffloadMuon
+
+    def make():
+        torch.manual_seed(0)
+        return torch.nn.Linear(6, 4, bias=False)
+
+    def step_once(opt, model, s):
+        model.weight.grad = torch.from_numpy(grad(s))
+        opt.step()
+
+    first, again, resumed = make(), make(), make()
+    opt = OffloadMuon(first.named_parameters(), servers=[server.socket], lr=0.02)
+    w0 = first.weight.detach().clone()
+    step_once(opt, first, 0)
+    first_update = first.weight.detach() - w0
+    step_once(opt, first, 1)
+    left = opt.momentum_buffer(first.weight)
+    opt.close()
+
+    opt = OffloadMuon(again.named_parameters(), servers=[server.socket], lr=0.02)
+    w0 = again.weight.detach().clone()
+    step_once(opt, again, 0)  # step 0 again: no "already applied"
+    assert torch.equal(again.weight.detach() - w0, first_update)
+    opt.close()
+
+    opt = OffloadMuon(resumed.named_parameters(), servers=[server.socket], lr=0.02,
+                      resume_from_server=True)
+    # The state the last job left: its momentum after step 0 (the rerun above).
+    again_opt_momentum = opt.momentum_buffer(resumed.weight)
+    assert again_opt_momentum.abs().sum() > 0
+    assert not torch.equal(again_opt_momentum, left)  # the rerun's, not the first run's
+    assert opt.state[resumed.weight]["step"] == 1
+    opt.close()
