@@ -39,21 +39,6 @@ class ScopeEnv {
   std::optional<std::string> saved_;
 };
 
-// Two steps of parameter `name` on server 0 of `c`: the updates.
-std::vector<std::vector<float>> two_steps(client::Client& c, const std::string& name) {
-  c.register_parameters({one_param(name, {16, 24})});
-  std::vector<std::vector<float>> out;
-  for (int64_t step = 0; step < 2; ++step) {
-    const auto g = gradient(16 * 24, step);
-    c.push(name, step, 0, g.data(), 16 * 24);
-    c.commit(name, step);
-    std::vector<float> u(16 * 24);
-    EXPECT_TRUE(c.wait_update(name, step, u.data()));
-    out.push_back(std::move(u));
-  }
-  return out;
-}
-
 }  // namespace
 
 TEST(LazyConnect, OnlyTheServersAParameterUses) {
@@ -65,7 +50,7 @@ TEST(LazyConnect, OnlyTheServersAParameterUses) {
   std::vector<std::vector<float>> expected;
   {
     client::Client eager(config_for(server.socket()));  // rank 0 leaves before the lazy one
-    expected = two_steps(eager, "eager.w");
+    expected = two_steps(eager, "eager.w", {16, 24});
   }
 
   auto cfg = config_for(server.socket());
@@ -74,7 +59,7 @@ TEST(LazyConnect, OnlyTheServersAParameterUses) {
   cfg.connect_on_first_use = true;
   {
     client::Client lazy(cfg);  // the absent server is not contacted
-    const auto got = two_steps(lazy, "lazy.w");
+    const auto got = two_steps(lazy, "lazy.w", {16, 24});
     ASSERT_EQ(got.size(), expected.size());
     for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(same_bits(got[i], expected[i])) << i;
 
@@ -113,7 +98,7 @@ TEST(LazyConnect, GlobalScopeConnectsOnFirstUse) {
   {
     ScopeEnv scope("global");
     client::Client c(cfg);
-    EXPECT_EQ(two_steps(c, "global.w").size(), 2u);
+    EXPECT_EQ(two_steps(c, "global.w", {16, 24}).size(), 2u);
     c.reconnect();  // reconnects what its parameters use, not the absent server
     const auto g = gradient(16 * 24, 2);
     c.push("global.w", 2, 0, g.data(), 16 * 24);

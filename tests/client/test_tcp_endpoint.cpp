@@ -55,22 +55,11 @@ struct TcpServer {
   ServerProcess process;
 };
 
-// Two steps of one parameter named `name`: the updates.
+// Two steps of one parameter named `name` through a client of `cfg`: the updates.
 std::vector<std::vector<float>> two_steps(const client::ClientConfig& cfg,
                                           const std::string& name) {
   client::Client c(cfg);
-  const auto reg = one_param(name, {24, 40});
-  c.register_parameters({reg});
-  std::vector<std::vector<float>> out;
-  for (int64_t step = 0; step < 2; ++step) {
-    const auto g = gradient(24 * 40, step);
-    c.push(name, step, 0, g.data(), 24 * 40);
-    c.commit(name, step);
-    std::vector<float> u(24 * 40);
-    EXPECT_TRUE(c.wait_update(name, step, u.data()));
-    out.push_back(std::move(u));
-  }
-  return out;
+  return muon::testing::two_steps(c, name, {24, 40});
 }
 
 void expect_refused(const client::ClientConfig& cfg) {

@@ -3,6 +3,8 @@
 // thread count).
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cstring>
 #include <memory>
 #include <string>
@@ -52,6 +54,35 @@ inline std::vector<float> gradient(int64_t n, int64_t step, int rank = 0, int pi
 
 inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+}
+
+// One step of `name` through `c`: pushes g whole, commits, waits; returns the update.
+inline std::vector<float> run_step(client::Client& c, const std::string& name, int64_t step,
+                                   const std::vector<float>& g) {
+  c.push(name, step, 0, g.data(), static_cast<int64_t>(g.size()));
+  c.commit(name, step);
+  std::vector<float> u(g.size());
+  c.wait_update(name, step, u.data());
+  return u;
+}
+
+// Registers `name` (one_param, `shape`) through `c` and runs steps 0 and 1 of gradient(),
+// expecting each update applied; returns the two updates.
+inline std::vector<std::vector<float>> two_steps(client::Client& c, const std::string& name,
+                                                 std::vector<int64_t> shape) {
+  c.register_parameters({one_param(name, shape)});
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  std::vector<std::vector<float>> out;
+  for (int64_t step = 0; step < 2; ++step) {
+    const auto g = gradient(n, step);
+    c.push(name, step, 0, g.data(), n);
+    c.commit(name, step);
+    std::vector<float> u(static_cast<size_t>(n));
+    EXPECT_TRUE(c.wait_update(name, step, u.data()));
+    out.push_back(std::move(u));
+  }
+  return out;
 }
 
 // Momentum and update per step with the CPU backend (one rank).

@@ -18,15 +18,6 @@ using namespace muon::testing;
 
 namespace {
 
-std::vector<float> run_step(client::Client& c, const std::string& name, int64_t step,
-                            const std::vector<float>& g) {
-  c.push(name, step, 0, g.data(), static_cast<int64_t>(g.size()));
-  c.commit(name, step);
-  std::vector<float> u(g.size());
-  c.wait_update(name, step, u.data());
-  return u;
-}
-
 template <class F>
 std::string error_text(F&& f) {
   try {
