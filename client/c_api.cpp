@@ -241,6 +241,21 @@ int muon_client_snapshot(muon_client* c, int server, const char* path) {
   });
 }
 
+int muon_client_lost_peer(muon_client* c, int* rank, char* message, int64_t message_len) {
+  return guarded([&] {
+    if (!c || !rank) throw muon::InvalidArgument("muon_client_lost_peer: null client or rank");
+    const auto lost = c->impl->lost_peer();
+    *rank = lost ? lost->first : -1;
+    if (message && message_len > 0) {
+      const std::string text = lost ? lost->second : "";
+      const size_t n = std::min(text.size(), static_cast<size_t>(message_len - 1));
+      std::memcpy(message, text.data(), n);
+      message[n] = '\0';
+    }
+    return MUON_OK;
+  });
+}
+
 int muon_client_reconnect(muon_client* c) {
   return guarded([&] {
     c->impl->reconnect();

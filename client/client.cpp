@@ -293,6 +293,17 @@ transport::HealthOk Client::health(int server) {
   return connection(static_cast<size_t>(server)).health();
 }
 
+std::optional<std::pair<int, std::string>> Client::lost_peer() {
+  std::optional<std::pair<int, std::string>> first;
+  for (auto& c : connections_) {
+    if (!c) continue;
+    for (auto& [rank, what] : c->lost_peers()) {
+      if (!first || rank < first->first) first.emplace(rank, what);
+    }
+  }
+  return first;
+}
+
 void Client::reconnect() {
   connections_.clear();
   resolve_endpoint_settings();

@@ -191,6 +191,10 @@ class Client {
   /// The figures of the last report_step (step -1 before the first).
   const StepStats& last_step_stats() const { return last_stats_; }
 
+  /// The first rank of this job a server reported lost (Connection::lost_peers, over the open
+  /// connections; the lowest rank), with the server's message; nullopt when none was.
+  std::optional<std::pair<int, std::string>> lost_peer();
+
   /// Drops every connection, reconnects (with the connect timeout) and registers every
   /// parameter again — for a server that restarted from its snapshot.
   void reconnect();

@@ -1,6 +1,7 @@
 #include "client/connection.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -16,6 +17,26 @@ namespace {
 
 std::string ms_text(std::chrono::milliseconds ms) {
   return std::to_string(ms.count()) + " ms";
+}
+
+// What of a server's momentum outlives it, as its hello said (a server that does not say: "").
+// A stopped server (SIGTERM) writes its --snapshot; a crashed one keeps only what is on disk.
+std::string crash_note(const transport::HelloOk& ok) {
+  if (ok.server_version.empty()) return "";
+  if (ok.snapshot_path.empty()) {
+    return ". This server has no --snapshot: its momentum is gone with it (stopped or crashed)";
+  }
+  if (ok.snapshot_every > 0) {
+    const auto n = std::to_string(ok.snapshot_every);
+    return ". This server snapshots every " + (ok.snapshot_every == 1 ? "step" : n + " steps") +
+           " to " + ok.snapshot_path +
+           ": if it crashed, the momentum of the steps since its last snapshot is gone (at most " +
+           n + ", more only if it crashed while writing one); if it was stopped, its final " +
+           "snapshot holds every step";
+  }
+  return ". This server writes " + ok.snapshot_path +
+         " only on request and when stopped: if it crashed, the momentum of every step since the "
+         "last requested snapshot is gone";
 }
 
 }  // namespace
@@ -91,6 +112,7 @@ Connection::Connection(std::string endpoint, int rank, int world_size,
     rings_ = std::move(rings);
     nccl_ = std::move(nccl);
     slot_bytes_ = ok.slot_bytes;
+    crash_note_ = crash_note(ok);
     tx_busy_.assign(ok.tx_slots, false);
   } catch (...) {
     boost::system::error_code ignored;
@@ -142,9 +164,14 @@ std::string Connection::lost_reason() {
   return lost_;
 }
 
+std::map<int, std::string> Connection::lost_peers() {
+  std::lock_guard lk(mu_);
+  return lost_peers_;
+}
+
 void Connection::throw_lost(const std::string& what) {
   throw ConnectionLost("connection to muon-offloadd at '" + path_ + "' lost (" + lost_ +
-                       ") while " + what);
+                       ") while " + what + crash_note_);
 }
 
 void Connection::abandon(const std::string& why) {
@@ -188,7 +215,7 @@ void Connection::send_frame(MessageType type, const std::string& payload, uint32
     cv_.notify_all();
     throw ConnectionLost("connection to muon-offloadd at '" + path_ + "' lost (" + lost_ +
                          ") while sending " +
-                         transport::message_type_name(static_cast<uint16_t>(type)));
+                         transport::message_type_name(static_cast<uint16_t>(type)) + crash_note_);
   }
 }
 
@@ -621,6 +648,11 @@ void Connection::handle(transport::Frame f) {
         } else {
           params_[e.param].errors.emplace(e.step, e);  // the first error of a step is its cause
         }
+      } else if (transport::error_code(e) == ErrorCode::peer_lost && e.rank >= 0) {
+        // A rank of this job was lost (between steps too): said now, whatever the trainer is
+        // blocked in; a step that needs the rank fails with its own error.
+        std::fprintf(stderr, "muon-offload: server '%s': %s\n", path_.c_str(), e.message.c_str());
+        lost_peers_[e.rank] = "muon-offloadd at '" + path_ + "': " + e.message;
       } else {
         // Not about one parameter (shutdown, protocol): every waiter should see it.
         for (auto& [name, p] : params_) p.errors[-1] = e;

@@ -138,6 +138,10 @@ class Connection {
   const std::string& socket_path() const { return path_; }
   /// Empty while the connection is alive; the reason once it is lost.
   std::string lost_reason();
+  /// The server's reports of ranks of this job lost since this connection opened (peer_lost
+  /// without a parameter, sent at once, between steps too), by rank. Each is also written to
+  /// stderr the moment it arrives: the trainer may be blocked in its own collectives.
+  std::map<int, std::string> lost_peers();
   /// Gives the connection up now from any thread: waits in progress and later calls throw
   /// ConnectionLost with `why` (the destructor still tears the data plane down).
   void abandon(const std::string& why);
@@ -249,6 +253,10 @@ class Connection {
   std::vector<bool> tx_busy_;
   std::map<std::string, ParamRx> params_;
   std::string lost_;
+  /// What of the server's momentum outlives a crash, from its hello ("" for a server that does
+  /// not say): appended to every ConnectionLost message.
+  std::string crash_note_;
+  std::map<int, std::string> lost_peers_;  // under mu_
   UpdateCallback callback_;
   ErrorCallback error_callback_;
   std::thread reader_;

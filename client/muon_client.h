@@ -130,6 +130,11 @@ int muon_client_fetch_momentum(muon_client* c, const char* name, float* dst, int
 int muon_client_load_momentum(muon_client* c, const char* name, int64_t step, const float* src,
                               int64_t numel);
 int muon_client_snapshot(muon_client* c, int server, const char* path);
+/* Whether a server reported a rank of this job lost (it tells every rank at once, between steps
+ * too): *rank = the lowest such rank and `message` its report (NUL-terminated, truncated to
+ * message_len - 1 bytes), or *rank = -1 when none was. Trainers check it before their own
+ * collectives, so that a dead peer surfaces as the server's verdict. */
+int muon_client_lost_peer(muon_client* c, int* rank, char* message, int64_t message_len);
 /* Reconnects to every server and registers every parameter again. */
 int muon_client_reconnect(muon_client* c);
 

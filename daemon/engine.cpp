@@ -43,8 +43,25 @@ Engine::Engine(asio::io_context& io, ServerConfig config, std::unique_ptr<Backen
                        [this, jobs = std::move(jobs)]() mutable { finish_jobs(std::move(jobs)); });
           },
           device_ ? device_->step_runner() : nullptr) {
+  if (config_.snapshot_every > 0 && config_.snapshot_path.empty()) {
+    throw InvalidArgument("--snapshot-every " + std::to_string(config_.snapshot_every) +
+                          " needs --snapshot PATH (the file the periodic snapshots replace)");
+  }
+  writer_ = std::make_unique<SnapshotWriter>(
+      [this, alive = std::weak_ptr<bool>(alive_)](std::function<void()> fn) {
+        asio::post(io_, [alive, fn = std::move(fn)] {
+          if (alive.lock()) fn();
+        });
+      });
   if (!config_.restore_path.empty()) {
-    for (auto& e : read_snapshot(config_.restore_path)) {
+    auto entries = read_snapshot(config_.restore_path);
+    if (!entries.empty() && common_step(entries) == -2) {
+      log()->warn("snapshot {} mixes steps ({}): it was written mid-step; a resume_from_server "
+                  "registration that adopts these steps is refused by the client unless asked "
+                  "to adopt each parameter's own step",
+                  config_.restore_path, describe_steps(entries));
+    }
+    for (auto& e : entries) {
       log()->info("restored momentum of '{}' (last step {}) from {}", e.name, e.last_step,
                   config_.restore_path);
       std::string name = e.name;
@@ -158,7 +175,7 @@ void Engine::maybe_finish_shutdown() {
   if (!stopping_ || !shutdown_done_ || any_computing()) return;
   if (!config_.snapshot_path.empty()) {
     try {
-      write_snapshot_now(config_.snapshot_path);
+      write_final_snapshot();
     } catch (const Error& e) {
       log()->error("final snapshot failed: {}", e.what());
     }

@@ -44,6 +44,7 @@
 #include "daemon/server_config.hpp"
 #include "daemon/session.hpp"
 #include "daemon/snapshot.hpp"
+#include "daemon/snapshot_writer.hpp"
 #include "daemon/step/param_state.hpp"
 #include "daemon/step_reducer.hpp"
 
@@ -160,9 +161,22 @@ class Engine {
   /// timed out.
   void arm_timer(const std::string& name, Param& p);
   void broadcast(const Param& p, const transport::ErrorMsg& error, int except_rank = -1);
+  /// A compute rank's connection broke without a goodbye: tells every other compute rank of its
+  /// job now (peer_lost naming it, no parameter), whatever they are doing, and logs it.
+  void tell_lost(const SessionPtr& lost, const std::string& what);
   SessionPtr session_of(int rank) const;
   bool any_computing() const;
-  void write_snapshot_now(const std::string& path);
+  /// A copy of the momentum of every parameter whose momentum is kept here (registered, owned).
+  std::vector<SnapshotEntry> snapshot_entries();
+  /// Writes a requested snapshot to `path` on the writer thread, then answers `s` (snapshot_ok,
+  /// or the error). Warns when the parameters' steps differ (a snapshot taken mid-step).
+  void request_snapshot(const SessionPtr& s, const std::string& path, uint32_t request_id);
+  /// With --snapshot-every N: keeps a copy of p's momentum when p has applied step S with
+  /// (S + 1) % N == 0, and hands the set to the writer once every owned parameter has S.
+  void collect_periodic(const std::string& name, Param& p);
+  /// The final snapshot of a shutdown (synchronous, after the writer's queue): skipped, with a
+  /// warning, when the steps are mixed and this server wrote a snapshot of one step there.
+  void write_final_snapshot();
   void maybe_finish_shutdown();
 
   boost::asio::io_context& io_;
@@ -183,6 +197,12 @@ class Engine {
       snapshot_waiters_;
   std::vector<float> widen_;                           // bf16 -> fp32 scratch for pushes
   std::map<uint64_t, transport::StepReport> reports_;  // last step report, by session id
+  /// A periodic snapshot being collected: the step, the copies of the parameters that have it.
+  struct PeriodicSnapshot {
+    int64_t step = -1;
+    std::vector<SnapshotEntry> entries;
+  };
+  std::optional<PeriodicSnapshot> periodic_;
   std::string last_snapshot_path_;
   std::optional<std::chrono::system_clock::time_point> last_snapshot_time_;
   std::string metrics_url_;
@@ -192,6 +212,8 @@ class Engine {
   std::function<void()> shutdown_done_;
   std::optional<PoolRoutes> routes_;  // the plan's routes (config_.plan_path)
   std::unique_ptr<Relay> relay_;      // toward the owners of relayed parameters
+  /// Writes snapshots off the io thread; last member: destroyed (joined) first.
+  std::unique_ptr<SnapshotWriter> writer_;
 };
 
 }  // namespace muon::daemon

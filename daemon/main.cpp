@@ -65,6 +65,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--snapshot", config.snapshot_path,
                  "Snapshot file (safetensors) written at shutdown and on request");
+  app.add_option("--snapshot-every", config.snapshot_every,
+                 "Also write --snapshot every N steps, one step for every parameter, off the io "
+                 "thread (a crash loses at most the steps since the last one; 0: never)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
+      ->capture_default_str();
   app.add_option("--restore", config.restore_path, "Snapshot to restore momentum from at start");
   app.add_option("--listen", config.listen,
                  "Also accept control connections over TCP at HOST:PORT (clients on other nodes; "

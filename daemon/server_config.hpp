@@ -39,6 +39,10 @@ struct ServerConfig {
   /// Snapshot file written on request and at shutdown; empty: none at shutdown, and requests
   /// must name a path.
   std::string snapshot_path;
+  /// Also write snapshot_path every this many steps (after each step S with (S + 1) % N == 0,
+  /// once every owned parameter has applied S: one step for all), on the snapshot writer
+  /// thread; 0: never. A crash then loses at most the steps since the last one on disk.
+  int64_t snapshot_every = 0;
   /// Snapshot to restore momentum from at start-up; empty: start fresh.
   std::string restore_path;
   /// Accept clients of another uid (default: only the server's own uid may connect).

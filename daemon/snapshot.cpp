@@ -115,6 +115,7 @@ void write_snapshot(const std::string& path, const std::vector<SnapshotEntry>& e
     meta["options:" + e.name] = transport::options_to_json(e.options);
     offset += bytes;
   }
+  if (const int64_t s = common_step(entries); s != -2) meta["step"] = std::to_string(s);
   header["__metadata__"] = meta;
   const std::string text = header.dump();
   unsigned char len[8];
@@ -319,6 +320,32 @@ std::vector<SnapshotEntry> read_snapshot(const std::string& path) {
       throw InvalidArgument(who + " is truncated (shrank while reading)");
     }
     out.push_back(std::move(p.entry));
+  }
+  return out;
+}
+
+int64_t common_step(const std::vector<SnapshotEntry>& entries) {
+  if (entries.empty()) return -2;
+  const int64_t s = entries.front().last_step;
+  for (const auto& e : entries) {
+    if (e.last_step != s) return -2;
+  }
+  return s;
+}
+
+std::string describe_steps(const std::vector<SnapshotEntry>& entries) {
+  std::map<int64_t, std::vector<std::string>> by_step;
+  for (const auto& e : entries) by_step[e.last_step].push_back(e.name);
+  std::vector<std::pair<int64_t, std::vector<std::string>>> order(by_step.begin(), by_step.end());
+  std::stable_sort(order.begin(), order.end(),
+                   [](const auto& a, const auto& b) { return a.second.size() > b.second.size(); });
+  std::string out;
+  for (size_t i = 0; i < order.size(); ++i) {
+    const auto& [step, names] = order[i];
+    out += (i ? ", " : "") + std::to_string(names.size()) + (i ? "" : " parameter(s)") +
+           " at step " + std::to_string(step) + " (";
+    for (size_t k = 0; k < names.size() && k < 3; ++k) out += (k ? ", '" : "'") + names[k] + "'";
+    out += names.size() > 3 ? ", ...)" : ")";
   }
   return out;
 }

@@ -5,7 +5,8 @@
 // Header: {"<name>": {"dtype": "F32", "shape": [...], "data_offsets": [begin, end]}, ...,
 //          "__metadata__": {"format": "muon-offload-momentum", "version": "1",
 //                           "step:<name>": "<last applied step>",
-//                           "options:<name>": "<MuonOptions as JSON>"}}
+//                           "options:<name>": "<MuonOptions as JSON>",
+//                           "step": "<the step of every entry>"}}  (only when they share one)
 #pragma once
 
 #include <cstdint>
@@ -34,5 +35,12 @@ void write_snapshot(const std::string& path, const std::vector<SnapshotEntry>& e
 /// dtype other than F32, data offsets that do not match the shape or lie past the end, a
 /// missing format tag or step.
 std::vector<SnapshotEntry> read_snapshot(const std::string& path);
+
+/// The step every entry holds, or -2 when they differ (also for no entries: -2 is never a step).
+int64_t common_step(const std::vector<SnapshotEntry>& entries);
+
+/// How the entries' steps are mixed, for messages: "7 parameter(s) at step 78 ('a', 'b', ...),
+/// 1 at step 77 ('c')" (the most common step first; up to 3 names each).
+std::string describe_steps(const std::vector<SnapshotEntry>& entries);
 
 }  // namespace muon::daemon

@@ -223,6 +223,8 @@ std::string encode(const HelloOk& m) {
   if (m.rx_ring) j["rx_ring"] = ring_descriptor_to_json(*m.rx_ring);
   if (m.nccl_tx_id) j["nccl_tx_id"] = nccl_id_to_hex(*m.nccl_tx_id);
   if (m.nccl_rx_id) j["nccl_rx_id"] = nccl_id_to_hex(*m.nccl_rx_id);
+  if (!m.snapshot_path.empty()) j["snapshot_path"] = m.snapshot_path;
+  if (m.snapshot_every > 0) j["snapshot_every"] = m.snapshot_every;
   return j.dump();
 }
 std::string encode(const HealthOk& m) {
@@ -351,6 +353,8 @@ HelloOk decode<HelloOk>(const std::string& p) {
     m.nccl_tx_id = id("nccl_tx_id");
     m.nccl_rx_id = id("nccl_rx_id");
   }
+  if (r.has("snapshot_path")) m.snapshot_path = r.str("snapshot_path");
+  if (r.has("snapshot_every")) m.snapshot_every = r.i64("snapshot_every", 0, int64_t{1} << 40);
   return m;
 }
 template <>

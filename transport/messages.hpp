@@ -109,6 +109,10 @@ struct HelloOk {
   /// For nccl: the ncclUniqueIds of the session's two communicators (server rank 0, client
   /// rank 1): tx carries gradients to the server, rx updates back. The client joins tx, then rx.
   std::optional<NcclIdBytes> nccl_tx_id, nccl_rx_id;
+  /// What survives a crash of this server (optional on the wire: absent = "" and 0): its
+  /// --snapshot path ("" none) and --snapshot-every steps (0: only on request and at shutdown).
+  std::string snapshot_path;
+  int64_t snapshot_every = 0;
 };
 
 struct HealthOk {

@@ -141,6 +141,8 @@ void Engine::on_hello(const SessionPtr& s, const Frame& f) {
   ok.tx_slots = config_.layout.tx_slots;
   ok.rx_slots = config_.layout.rx_slots;
   ok.slot_bytes = config_.layout.slot_bytes;
+  ok.snapshot_path = config_.snapshot_path;
+  ok.snapshot_every = config_.snapshot_every;
   log()->info("session {}: {} of {} connected ({}, data plane {})", s->id(), rank_name(m.rank),
               m.world_size, m.client, transport::data_plane_name(ok.data_plane));
   s->send(MessageType::hello_ok, transport::encode(ok), f.request_id);

@@ -2,6 +2,7 @@
 // momentum loads, for owned parameters here and relayed ones through their owner.
 #include "daemon/engine.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.hpp"
@@ -23,17 +24,100 @@ const std::vector<float>& Engine::host_momentum(Param& p) {
   return p.momentum;
 }
 
-void Engine::write_snapshot_now(const std::string& path) {
+std::vector<SnapshotEntry> Engine::snapshot_entries() {
   std::vector<SnapshotEntry> entries;
   for (auto& [name, p] : params_) {
     if (!p.registered() || !p.role->keeps_momentum_here()) continue;  // else the owner's
     entries.push_back({name, dims_of(p.layout->spec.shape), p.last_step(), p.layout->spec.options,
                        host_momentum(p)});
   }
-  write_snapshot(path, entries);
-  last_snapshot_path_ = path;
+  return entries;
+}
+
+void Engine::request_snapshot(const SessionPtr& s, const std::string& path, uint32_t request_id) {
+  auto entries = snapshot_entries();
+  const int count = static_cast<int>(entries.size());
+  if (count > 0 && common_step(entries) == -2) {
+    // A request between two step() calls of every rank has one step; this one came mid-step.
+    log()->warn("snapshot to {} mixes steps: {}; a resume from it is refused unless it adopts "
+                "each parameter's own step",
+                path, describe_steps(entries));
+  }
+  writer_->write(path, std::move(entries),
+                 [this, alive = std::weak_ptr<bool>(alive_), w = std::weak_ptr<Session>(s), path,
+                  count, request_id](const std::string& error) {
+                   if (!alive.lock()) return;
+                   auto ws = w.lock();
+                   if (!error.empty()) {
+                     log()->error("{}", error);
+                     if (ws) reply_error(ws, {"snapshot", error, "", -1, -1}, request_id);
+                     return;
+                   }
+                   last_snapshot_path_ = path;
+                   last_snapshot_time_ = std::chrono::system_clock::now();
+                   log()->info("snapshot of {} parameter(s) written to {}", count, path);
+                   if (ws) {
+                     ws->send(MessageType::snapshot_ok,
+                              transport::encode(transport::SnapshotOk{path, count}), request_id);
+                   }
+                 });
+}
+
+void Engine::collect_periodic(const std::string& name, Param& p) {
+  const int64_t every = config_.snapshot_every, step = p.last_step();
+  if (every <= 0 || step < 0 || (step + 1) % every != 0 || !p.role->keeps_momentum_here()) return;
+  if (periodic_ && periodic_->step > step) return;  // this parameter is behind: not in that one
+  if (periodic_ && periodic_->step < step) {
+    // Some parameter never got to the older step (it took no gradient, or registered late).
+    log()->warn("periodic snapshot of step {} abandoned: {} of the parameters had it when '{}' "
+                "reached step {} (a parameter without gradients holds every periodic snapshot "
+                "back)",
+                periodic_->step, periodic_->entries.size(), name, step);
+    periodic_.reset();
+  }
+  if (!periodic_) periodic_ = PeriodicSnapshot{step, {}};
+  periodic_->entries.push_back(
+      {name, dims_of(p.layout->spec.shape), step, p.layout->spec.options, host_momentum(p)});
+  const auto owned = std::count_if(params_.begin(), params_.end(), [](const auto& kv) {
+    return kv.second.registered() && kv.second.role->keeps_momentum_here();
+  });
+  if (static_cast<int64_t>(periodic_->entries.size()) < owned) return;
+  const int count = static_cast<int>(periodic_->entries.size());
+  writer_->write(config_.snapshot_path, std::move(periodic_->entries),
+                 [this, alive = std::weak_ptr<bool>(alive_), step, count](const std::string& error) {
+                   if (!alive.lock()) return;
+                   if (!error.empty()) {
+                     log()->error("periodic snapshot of step {} failed: {}", step, error);
+                     metrics_.error("snapshot");
+                     return;
+                   }
+                   last_snapshot_path_ = config_.snapshot_path;
+                   last_snapshot_time_ = std::chrono::system_clock::now();
+                   log()->info("periodic snapshot of step {} ({} parameter(s)) written to {}",
+                               step, count, config_.snapshot_path);
+                 });
+  periodic_.reset();
+}
+
+void Engine::write_final_snapshot() {
+  writer_->drain();  // the periodic snapshots queued before go first
+  auto entries = snapshot_entries();
+  if (!entries.empty() && common_step(entries) == -2) {
+    if (const int64_t kept = writer_->step_on_disk(config_.snapshot_path); kept != -2) {
+      log()->warn("final snapshot skipped: the steps are mixed ({}), a step was cut short; {} "
+                  "keeps the snapshot of step {}, one step for every parameter",
+                  describe_steps(entries), config_.snapshot_path, kept);
+      return;
+    }
+    log()->warn("final snapshot to {} mixes steps ({}): a step was cut short; a resume from it "
+                "is refused unless it adopts each parameter's own step",
+                config_.snapshot_path, describe_steps(entries));
+  }
+  write_snapshot(config_.snapshot_path, entries);
+  last_snapshot_path_ = config_.snapshot_path;
   last_snapshot_time_ = std::chrono::system_clock::now();
-  log()->info("snapshot of {} parameter(s) written to {}", entries.size(), path);
+  log()->info("final snapshot of {} parameter(s) written to {}", entries.size(),
+              config_.snapshot_path);
 }
 
 void Engine::on_snapshot(const SessionPtr& s, const Frame& f) {
@@ -46,15 +130,7 @@ void Engine::on_snapshot(const SessionPtr& s, const Frame& f) {
     snapshot_waiters_.emplace_back(s, std::make_pair(path, f.request_id));
     return;
   }
-  try {
-    write_snapshot_now(path);
-  } catch (const Error& e) {
-    reply_error(s, {"snapshot", e.message(), "", -1, -1}, f.request_id);
-    return;
-  }
-  s->send(MessageType::snapshot_ok,
-          transport::encode(transport::SnapshotOk{path, static_cast<int>(params_.size())}),
-          f.request_id);
+  request_snapshot(s, path, f.request_id);
 }
 
 void Engine::on_state_fetch(const SessionPtr& s, const Frame& f) {

@@ -97,6 +97,7 @@ void Engine::finish_jobs(std::vector<NsJob> jobs) {
     if (it == params_.end()) continue;
     Param& p = it->second;
     p.steps.finish(job.step, /*consumed=*/true);  // applied, skipped or refused
+    collect_periodic(job.name, p);
     if (!job.error.empty()) {
       log()->warn("parameter '{}' step {}: {}", job.name, job.step, job.error);
       metrics_.error(job.error_code);
@@ -121,17 +122,7 @@ void Engine::after_steps() {
     auto waiters = std::move(snapshot_waiters_);
     snapshot_waiters_.clear();
     for (auto& [w, req] : waiters) {
-      auto ws = w.lock();
-      if (!ws) continue;
-      try {
-        write_snapshot_now(req.first);
-        ws->send(
-            MessageType::snapshot_ok,
-            transport::encode(transport::SnapshotOk{req.first, static_cast<int>(params_.size())}),
-            req.second);
-      } catch (const Error& e) {
-        reply_error(ws, {"snapshot", e.message(), "", -1, -1}, req.second);
-      }
+      if (auto ws = w.lock()) request_snapshot(ws, req.first, req.second);
     }
     maybe_finish_shutdown();
   }
@@ -183,6 +174,17 @@ void Engine::report_dropped(Param& p, const ErrorMsg& error, int except_rank) {
   broadcast(p, error, except_rank);
 }
 
+void Engine::tell_lost(const SessionPtr& lost, const std::string& what) {
+  const std::string msg = what + "; reported to every rank of the job at once: the job cannot "
+                          "take another step until it reconnects";
+  log()->warn("{}", msg);
+  for (const auto& [rank, w] : ranks_) {
+    auto s = w.lock();
+    if (!s || s == lost || s->closed() || rank >= world_size_ || s->job != lost->job) continue;
+    s->send_error({"peer_lost", msg, "", -1, lost->rank});
+  }
+}
+
 void Engine::on_closed(const SessionPtr& s, const std::string& why) {
   sessions_.erase(s->id());
   reports_.erase(s->id());
@@ -194,6 +196,7 @@ void Engine::on_closed(const SessionPtr& s, const std::string& why) {
   log()->info("session {} ({}) closed: {}", s->id(), rank_name(rank), why);
   if (rank >= 0 && why != "goodbye" && !stopping_) {
     lost_ranks_[rank] = rank_name(rank) + " (" + s->client_name + ") was lost (" + why + ")";
+    tell_lost(s, lost_ranks_[rank]);
   }
   for (auto& [name, p] : params_) {
     std::erase_if(p.waiting, [&](const auto& w) {

@@ -10,11 +10,14 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <limits>
+#include <mutex>
 #include <numeric>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -25,6 +28,7 @@
 #include "daemon/registration.hpp"
 #include "daemon/scheduler.hpp"
 #include "daemon/snapshot.hpp"
+#include "daemon/snapshot_writer.hpp"
 #include "daemon/step_reducer.hpp"
 #include "transport/bf16.hpp"
 #include "transport/messages.hpp"
@@ -791,6 +795,64 @@ TEST_F(SnapshotTest, RoundTripIsBitwise) {
   // Empty snapshot.
   write_snapshot(p, {});
   EXPECT_TRUE(read_snapshot(p).empty());
+}
+
+TEST_F(SnapshotTest, OneStepForEveryEntryIsNamedInTheMetadata) {
+  auto entries = sample_entries();
+  for (auto& e : entries) e.last_step = 41;
+  const auto p = path("one.safetensors");
+  write_snapshot(p, entries);
+  std::ifstream f(p, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t{static_cast<unsigned char>(bytes[i])} << (8 * i);
+  EXPECT_EQ(nlohmann::json::parse(bytes.substr(8, n)).at("__metadata__").at("step"), "41");
+  EXPECT_EQ(common_step(entries), 41);
+  // Mixed steps: no "step", and the mix described most common first.
+  entries[1].last_step = 40;
+  write_snapshot(p, entries);
+  std::ifstream g(p, std::ios::binary);
+  std::string mixed((std::istreambuf_iterator<char>(g)), std::istreambuf_iterator<char>());
+  n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t{static_cast<unsigned char>(mixed[i])} << (8 * i);
+  EXPECT_FALSE(nlohmann::json::parse(mixed.substr(8, n)).at("__metadata__").contains("step"));
+  EXPECT_EQ(common_step(entries), -2);
+  EXPECT_EQ(common_step({}), -2);
+  EXPECT_EQ(describe_steps(entries),
+            "2 parameter(s) at step 41 ('layers.1.mlp', 'attn.qkv'), 1 at step 40 ('experts')");
+}
+
+TEST_F(SnapshotTest, WriterWritesInOrderOffTheCallersThreadAndSaysSo) {
+  std::vector<std::function<void()>> posted;  // the "io thread": run by the test
+  std::mutex mu;
+  std::vector<std::string> outcomes;
+  const auto caller = std::this_thread::get_id();
+  std::atomic<bool> off_thread{true};
+  {
+    SnapshotWriter w([&](std::function<void()> fn) {
+      if (std::this_thread::get_id() == caller) off_thread = false;
+      std::lock_guard lk(mu);
+      posted.push_back(std::move(fn));
+    });
+    auto a = sample_entries(), b = sample_entries();
+    for (auto& e : a) e.last_step = 3;
+    for (auto& e : b) e.last_step = 5;
+    const auto p = path("w.safetensors");
+    auto note = [&](const std::string& error) { outcomes.push_back(error.empty() ? "ok" : error); };
+    w.write(p, a, note);
+    w.write(p, b, note);
+    w.write(path("no-such-dir/x.safetensors"), a, note);
+    w.drain();
+    EXPECT_EQ(w.step_on_disk(p), 5);  // the later write won
+    EXPECT_EQ(w.step_on_disk(path("no-such-dir/x.safetensors")), -2);
+    EXPECT_EQ(read_snapshot(p).front().last_step, 5);
+  }
+  EXPECT_TRUE(off_thread);
+  for (auto& fn : posted) fn();
+  ASSERT_EQ(outcomes.size(), 3u);
+  EXPECT_EQ(outcomes[0], "ok");
+  EXPECT_EQ(outcomes[1], "ok");
+  EXPECT_NE(outcomes[2].find("no-such-dir"), std::string::npos) << outcomes[2];
 }
 
 TEST_F(SnapshotTest, FileHasTheSafetensorsLayout) {

@@ -130,6 +130,31 @@ TEST(Messages, RegisterRoundTripKeepsEveryOption) {
   EXPECT_EQ(back.push[1].end, 300);
 }
 
+TEST(Messages, HelloOkSaysWhatSurvivesACrash) {
+  HelloOk ok;
+  ok.server_version = "muon-offloadd test";
+  ok.shm_name = "/x";
+  ok.tx_slots = ok.rx_slots = 4;
+  ok.slot_bytes = 4096;
+  ok.snapshot_path = "/var/lib/momentum.safetensors";
+  ok.snapshot_every = 50;
+  const auto back = decode<HelloOk>(encode(ok));
+  EXPECT_EQ(back.snapshot_path, ok.snapshot_path);
+  EXPECT_EQ(back.snapshot_every, 50);
+  // Absent on the wire: no snapshot, none periodic (a server that does not say).
+  ok.snapshot_path.clear();
+  ok.snapshot_every = 0;
+  const auto text = encode(ok);
+  EXPECT_EQ(text.find("snapshot"), std::string::npos);
+  EXPECT_EQ(decode<HelloOk>(text).snapshot_every, 0);
+  expect_protocol_error(
+      [] {
+        decode<HelloOk>(R"({"session":"1","server_version":"v","shm_name":"/x","tx_slots":4,)"
+                        R"("rx_slots":4,"slot_bytes":4096,"snapshot_every":-3})");
+      },
+      "field 'snapshot_every' = -3 is outside");
+}
+
 TEST(Messages, RelayHelloCarriesItsServerIdAndARankAboveTheComputeRanks) {
   Hello h;
   h.world_size = 8;

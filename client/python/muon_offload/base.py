@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -233,24 +233,39 @@ class MuonOptimizerBase(torch.optim.Optimizer):
         then one all-reduce (sum) over the flattened tensors. With 2 ranks this is bitwise the
         server's contributor-order sum of grad/world (a two-term float sum is commutative), and
         DDP's own mean."""
+        self._start_average(tensors)()
+
+    def _start_average(self, tensors: List[torch.Tensor]) -> Callable[[], None]:
+        """:meth:`_average_` started: the all-reduce runs in the background (``async_op``) and
+        the returned function waits for it and writes the means back (a no-op without one)."""
         if self.world_size == 1 or not tensors:
-            return
+            return lambda: None
         flat = torch.cat([t.reshape(-1).to(torch.float32) for t in tensors])
         flat.div_(self.world_size)
-        dist.all_reduce(flat, group=self._pg)
-        pos = 0
-        for t in tensors:
-            t.copy_(flat[pos:pos + t.numel()].view(t.shape))
-            pos += t.numel()
+        work = dist.all_reduce(flat, group=self._pg, async_op=True)
+
+        def finish() -> None:
+            work.wait()
+            pos = 0
+            for t in tensors:
+                t.copy_(flat[pos:pos + t.numel()].view(t.shape))
+                pos += t.numel()
+        return finish
+
+    def _adamw_grads(self) -> List[torch.Tensor]:
+        """The AdamW gradients this optimizer averages itself: none under DDP (attach_ddp) and
+        none of DTensors (the training stack reduced them: FSDP2's reduce-scatter)."""
+        if self._adamw is None or self._ddp is not None:
+            return []
+        return [p.grad for g in self._adamw.param_groups for p in g["params"]
+                if p.grad is not None and not is_dtensor(p.grad)]
 
     def _adamw_step(self) -> None:
         """torch.optim.AdamW on the AdamW groups; their gradients averaged first unless DDP did
         (attach_ddp) or the training stack did (DTensor gradients: FSDP2's reduce-scatter)."""
         if self._adamw is None:
             return
-        if self._ddp is None:
-            self._average_([p.grad for g in self._adamw.param_groups for p in g["params"]
-                            if p.grad is not None and not is_dtensor(p.grad)])
+        self._average_(self._adamw_grads())
         self._adamw.step()
 
     def _apply(self, p: torch.Tensor, update: torch.Tensor, group: dict) -> None:

@@ -387,6 +387,18 @@ class Client:
                 "parameters": count.value,
                 "slowest_parameter": slowest.value.decode("utf-8", "replace")}
 
+    def lost_peer(self) -> Optional[Tuple[int, str]]:
+        """``(rank, message)`` of the lowest rank of this job a server reported lost (servers
+        tell every rank at once, between steps too), or None. Cheap: no round trip."""
+        rank = ctypes.c_int(-1)
+        message = ctypes.create_string_buffer(2048)
+        with self._mu:
+            check(self._lib.muon_client_lost_peer(self._handle(), ctypes.byref(rank), message,
+                                                   len(message)), "lost_peer")
+        if rank.value < 0:
+            return None
+        return rank.value, message.value.decode("utf-8", "replace")
+
     def reconnect(self) -> None:
         """Reconnects to every server and registers every parameter again (after a server
         restarted, e.g. from its snapshot)."""

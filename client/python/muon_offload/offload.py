@@ -33,12 +33,15 @@ from .base import MuonOptimizerBase, base_keywords, muon_config
 from .client import Client
 from .config import MuonConfig
 from ._native import ConnectionLost, InvalidArgument, MuonOffloadError, NonFiniteGradient
+from .errors import MUON_ERR_PEER_LOST, PeerLost
 from .layouts import is_dtensor, local_tensor, shard_like, storage_layout
 from .muon_param import MuonParam, row_shard
 
 __all__ = ["OffloadMuon"]
 
 _TORCH_DTYPE = {"f32": torch.float32, "bf16": torch.bfloat16}
+# The ErrorCode integer of peer_lost (core/error_code.hpp; stable across versions).
+_PEER_LOST_CAUSE = 5
 
 
 def plan_rank(process_group=None) -> int:
@@ -112,7 +115,10 @@ class OffloadMuon(MuonOptimizerBase):
             may take before :class:`~muon_offload.Timeout`; ``connect_timeout_s`` for the
             connection itself.
         resume_from_server: adopt the momentum and step the server holds (a server restarted
-            with ``--restore``, or a previous job's state) instead of starting at step 0.
+            with ``--restore``, or a previous job's state) instead of starting at step 0. The
+            parameters must all be at one step (InvalidArgument naming the mix otherwise: a
+            snapshot written mid-step); ``"per_parameter"`` adopts each parameter's own step
+            (for parameters that really step apart).
         job: this training job's identity, the same on every rank (default: a UUID rank 0 makes
             and broadcasts over the process group). A server that holds parameters of the same
             names for another job starts them fresh once that job's ranks are gone (no
@@ -145,7 +151,10 @@ class OffloadMuon(MuonOptimizerBase):
     as soon as autograd has accumulated it and commits it (under DDP: the communication hook,
     as each bucket is ready), so the server runs Newton-Schulz while backward goes on. The
     pushed gradient is consumed: ``p.grad`` of Muon parameters is None after backward (after
-    step() under DDP). step() runs the AdamW part, then waits for the updates and applies them.
+    step() under DDP). step() starts the AdamW gradients' all-reduce in the background, waits
+    for the Muon updates and applies them, then finishes AdamW: a rank lost or stalled before
+    its pushes surfaces as the server's PeerLost or Timeout naming it, never as a collective's
+    error or a silent wait in it (docs/design.md, "Step order").
     A Muon parameter that got no gradient is skipped (weights and momentum untouched), like
     torch optimizers do; under torch.distributed every rank must agree on which parameters have
     gradients.
@@ -189,10 +198,13 @@ class OffloadMuon(MuonOptimizerBase):
                  process_group=None, prefix: str = "", assign: Optional[Mapping[str, int]] = None,
                  grad_dtype: str = "f32", update_dtype: str = "f32",
                  connect_timeout_s: float = 10.0, timeout_s: float = 120.0,
-                 resume_from_server: bool = False, data_plane: Optional[str] = None,
+                 resume_from_server=False, data_plane: Optional[str] = None,
                  job: Optional[str] = None,
                  **muon_keywords):
         config = muon_config(config, muon_args, muon_keywords, type(self).__name__)
+        if resume_from_server not in (False, True, "per_parameter"):
+            raise InvalidArgument(f"resume_from_server must be False, True or 'per_parameter', "
+                                  f"got {resume_from_server!r}")
         if servers is None:
             servers = os.environ.get("MUON_OFFLOAD_SERVERS", "")
             if not servers:
@@ -230,7 +242,7 @@ class OffloadMuon(MuonOptimizerBase):
                                       connect_timeout_ms=int(connect_timeout_s * 1000),
                                       op_timeout_ms=int(timeout_s * 1000), data_plane=data_plane,
                                       job=job if job is not None else self._job_identity(),
-                                      resume=resume_from_server)
+                                      resume=bool(resume_from_server))
         except ConnectionLost as e:
             raise e.with_message(
                 f"{e}\n(is muon-offloadd running? start it with scripts/muon-offload-launch, or "
@@ -241,7 +253,7 @@ class OffloadMuon(MuonOptimizerBase):
             with on_device:  # connections opened on first use (global scope): the same device
                 self._register(self._muon_params)
             if resume_from_server:
-                self._adopt_server_state()
+                self._adopt_server_state(resume_from_server == "per_parameter")
             if ddp is not None:
                 self.attach_ddp(ddp)
         except BaseException:
@@ -338,10 +350,13 @@ class OffloadMuon(MuonOptimizerBase):
         if isinstance(e, ConnectionLost):
             raise e.with_message(
                 f"{e}\nThe muon-offloadd server ({', '.join(self.servers)}) is unreachable, "
-                "stopped or restarted; the server-held momentum of this job is there. Restart it "
-                "(muon-offloadd --restore SNAPSHOT keeps the momentum of its last snapshot), then "
-                "call optimizer.reconnect() and, unless the server restored exactly this step, "
-                "optimizer.load_state_dict(checkpoint).") from None
+                "stopped or crashed; what of its momentum survives is said above (a crashed "
+                "server keeps only its last snapshot on disk). To resume: restart it "
+                "(`--restore SNAPSHOT` keeps the momentum of its last snapshot), call "
+                "optimizer.reconnect(), then reload your last trainer checkpoint "
+                "(model.load_state_dict, optimizer.load_state_dict: it puts that checkpoint's "
+                "momentum back into the server) unless the restored snapshot holds exactly this "
+                "step (then reconnect() finds nothing stale and step() goes on).") from None
         msg = str(e)
         # The cause code step_mismatch; the message text for servers that send it as bad_request.
         if isinstance(e, _native.StepMismatch) or (
@@ -353,6 +368,29 @@ class OffloadMuon(MuonOptimizerBase):
                 "resume_from_server=True) or the optimizer state was not loaded "
                 "(optimizer.load_state_dict(checkpoint)).") from None
         raise e
+
+    def _check_peers(self) -> None:
+        """Raises PeerLost with the server's report when a server said a rank of this job was
+        lost (servers tell every rank at once, between steps too)."""
+        lost = self._client.lost_peer()
+        if lost is not None:
+            raise PeerLost(f"{lost[1]}\n(this rank, {self.rank}, stops before its own "
+                           "collectives would fail on the dead peer)", MUON_ERR_PEER_LOST,
+                           _PEER_LOST_CAUSE, "peer_lost")
+
+    def _collective(self, run: Callable[[], None]) -> None:
+        """Runs a torch.distributed wait (``run``); if it fails and a server reported a rank
+        lost, raises the server's PeerLost (the collective's error chained), else re-raises."""
+        try:
+            run()
+        except RuntimeError as e:
+            if isinstance(e, _native.MuonOffloadError):
+                raise
+            try:
+                self._check_peers()
+            except PeerLost as lost:
+                raise lost from e
+            raise
 
     def _check_usable(self):
         if self._client is None:
@@ -380,7 +418,8 @@ class OffloadMuon(MuonOptimizerBase):
             if self.world_size > 1:
                 g = g.to(torch.float32) / self.world_size
                 if self.mode == "shard":
-                    dist.all_reduce(g, group=self._pg)
+                    self._check_peers()
+                    self._collective(lambda: dist.all_reduce(g, group=self._pg))
         # CUDA gradients stay on the device (pushed from device memory on the current stream).
         g = g.to(device=self._io_device(p),
                  dtype=_TORCH_DTYPE[self._grad_dtype]).contiguous().view(-1)
@@ -479,8 +518,9 @@ class OffloadMuon(MuonOptimizerBase):
 
     @torch.no_grad()
     def step(self, closure=None):
-        """Commits what backward left uncommitted, runs AdamW, waits for the Muon updates and
-        applies ``W <- W*(1 - lr*wd) - lr*U``. Returns the closure's loss."""
+        """Commits what backward left uncommitted, raises PeerLost when a server reported a rank
+        of the job lost, starts the AdamW gradients' all-reduce, waits for the Muon updates and
+        applies ``W <- W*(1 - lr*wd) - lr*U``, then steps AdamW. Returns the closure's loss."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -496,7 +536,14 @@ class OffloadMuon(MuonOptimizerBase):
                     p.grad = None
                 if p in self._pushed and p not in self._committed:
                     self._commit(p)
-            self._adamw_step()  # runs while the server computes
+            # The server's verdict before any collective of ours: a rank it reported lost
+            # surfaces as PeerLost, not as the all-reduce's "Connection reset by peer".
+            self._check_peers()
+            # The AdamW gradients' all-reduce runs in the background while the server computes;
+            # it is waited for only after the Muon updates, so a rank that stalls or dies before
+            # pushing shows as the server's timeout or peer_lost naming it, never as a silent
+            # wait inside the all-reduce.
+            averaged = self._start_average(self._adamw_grads())
             group_of = {p: g for g, p in self._muon_items()}
             for p in list(self._committed):
                 m, g = self._meta[p], group_of[p]
@@ -516,6 +563,9 @@ class OffloadMuon(MuonOptimizerBase):
                     continue
                 self._apply(p, buf, g)
                 self.state[p]["step"] = step + 1
+            self._collective(averaged)
+            if self._adamw is not None:
+                self._adamw.step()
         except _native.MuonOffloadError as e:
             self._fail(e)
         self._pushed.clear()
@@ -678,11 +728,29 @@ class OffloadMuon(MuonOptimizerBase):
         """The last step the server applied to a parameter (-1: none)."""
         return self._client.fetch_momentum(m.name, torch.empty(m.numel, dtype=torch.float32))
 
-    def _adopt_server_state(self) -> None:
-        for p in self._muon_params:
-            last = self._server_last_step(self._meta[p])
-            if last >= 0:
-                self.state[p]["step"] = last + 1
+    def _adopt_server_state(self, per_parameter: bool) -> None:
+        """Takes each parameter's step from its server. InvalidArgument, naming the steps, when
+        they differ (a snapshot written mid-step: a step applied to some parameters and not to
+        others cannot be resumed from one trainer checkpoint), unless ``per_parameter``."""
+        last = {p: self._server_last_step(self._meta[p]) for p in self._muon_params}
+        if len(set(last.values())) > 1 and not per_parameter:
+            by_step: Dict[int, list] = {}
+            for p, s in last.items():
+                by_step.setdefault(s, []).append(self._meta[p].name)
+            parts = [f"{len(n)} at {'no step' if s < 0 else f'step {s}'} "
+                     f"({', '.join(repr(x) for x in n[:3])}{', ...' if len(n) > 3 else ''})"
+                     for s, n in sorted(by_step.items(), key=lambda kv: -len(kv[1]))]
+            raise InvalidArgument(
+                "resume_from_server: the servers hold this optimizer's parameters at different "
+                f"steps: {'; '.join(parts)}. That is a snapshot written in the middle of a step "
+                "(a server stopped mid-step, or a snapshot requested before every rank's step() "
+                "returned); no trainer checkpoint matches it. Restore a snapshot written between "
+                "steps (muon-offloadd --snapshot-every N, or optimizer.snapshot() after step()), "
+                "or, if these parameters really step apart (some take no gradient on some "
+                "steps), pass resume_from_server='per_parameter' to adopt each one's own step")
+        for p, s in last.items():
+            if s >= 0:
+                self.state[p]["step"] = s + 1
 
     def snapshot(self, path: str = "") -> None:
         """Asks every server to write a snapshot (``path`` per server gets ``.<i>`` appended
