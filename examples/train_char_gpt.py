@@ -20,6 +20,21 @@ the Muon gradients to the server instead of all-reducing them).
 (scripts/venv-python is the project's Python: the venv scripts/install_deps.sh makes, torch from
 PyPI.)
 
+Checkpoints: --checkpoint PATH saves the model, the optimizer (for offload: the server-held
+momentum too, fetched by state_dict()), the schedule and the data order every --checkpoint-every
+steps (atomically; PATH.rank<r> per rank with several ranks). --resume loads it and goes on from
+its step, bitwise as if never interrupted: load_state_dict() puts the momentum back into the
+server, so a crashed server may be replaced by a fresh one. --until N stops after step N (a job
+split over several runs, or a rehearsal of a crash):
+
+    scripts/muon-offload-launch --cpu -- $(scripts/venv-python) examples/train_char_gpt.py \
+        --steps 200 --until 100 --checkpoint ck.pt --checkpoint-every 50
+    scripts/muon-offload-launch --cpu -- $(scripts/venv-python) examples/train_char_gpt.py \
+        --steps 200 --checkpoint ck.pt --checkpoint-every 50 --resume
+
+After a server crash (ConnectionLost, saying what the server's snapshots kept) rerun with
+--resume: the steps since the last checkpoint are computed again.
+
 Prints per step: the loss (cross-entropy in nats per character, mean over ranks), tokens/s and
 the optimizer time the trainer waited for (step() plus gradient hooks). --out writes the losses
 and the measurements as JSON. Everything is seeded: two runs with the same arguments print the
@@ -247,11 +262,16 @@ def train(rank: int, world: int, args) -> dict:
             dist.all_reduce(flat)
         return flat
 
+    ckpt = None
+    if args.checkpoint:
+        ckpt = pathlib.Path(args.checkpoint if world == 1 else f"{args.checkpoint}.rank{rank}")
+    start = load_checkpoint(ckpt, model, opt, scheds, gen) if args.resume else 0
+
     losses, tok_s, opt_ms = [], [], []
     tokens = args.batch * args.context * (world // args.tp)
     pushed_per_step = []
     t_start = time.perf_counter()
-    for step in range(args.steps):
+    for step in range(start, min(args.steps, args.until or args.steps)):
         t0 = time.perf_counter()
         x, y = batch(train_data, gen)
         opt.zero_grad(set_to_none=True)
@@ -275,6 +295,8 @@ def train(rank: int, world: int, args) -> dict:
             exposed = opt.exposed_seconds
         if args.optimizer == "offload":
             pushed_per_step.append(opt.last_step_stats["bytes_pushed"])
+        if ckpt is not None and (step + 1) % args.checkpoint_every == 0:
+            save_checkpoint(ckpt, step + 1, model, opt, scheds, gen)
         global_loss = allreduce_mean_(loss.detach().reshape(1).clone()).item()
         dt = time.perf_counter() - t0
         losses.append(global_loss)
@@ -311,7 +333,8 @@ def train(rank: int, world: int, args) -> dict:
         "optimizer": args.optimizer,
         "mode": args.mode if args.optimizer in ("offload", "inprocess") else None,
         "ddp": ddp is not None,
-        "world": world, "steps": args.steps, "losses": losses, "val_loss": val,
+        "world": world, "steps": args.steps, "start_step": start, "losses": losses,
+        "val_loss": val,
         "loss_unit": "nats/char",
         "unigram_entropy_nats": unigram_entropy(text), "vocab": len(chars),
         "corpus_chars": len(text), "tokens_per_step": tokens,
@@ -322,6 +345,29 @@ def train(rank: int, world: int, args) -> dict:
         "params": sum(p.numel() for p in model.parameters()),
         "config": {k: v for k, v in vars(args).items()},
     })
+
+
+def save_checkpoint(path: pathlib.Path, step: int, model, opt, scheds, gen) -> None:
+    """Everything this rank needs to go on after `step` steps, written atomically (a temporary
+    file renamed over `path`): model, optimizer (OffloadMuon: with the server's momentum), the
+    schedulers and the data generator."""
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save({"step": step, "model": model.state_dict(), "opt": opt.state_dict(),
+                "scheds": [s.state_dict() for s in scheds], "gen": gen.get_state()}, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path, model, opt, scheds, gen) -> int:
+    """Loads a save_checkpoint file into the run; returns its step (the next one to take)."""
+    if path is None or not path.is_file():
+        raise SystemExit(f"--resume: no checkpoint at {path} (give --checkpoint PATH)")
+    ck = torch.load(path, weights_only=False)
+    model.load_state_dict(ck["model"])
+    opt.load_state_dict(ck["opt"])  # OffloadMuon: puts the momentum back into the server
+    for s, st in zip(scheds, ck["scheds"]):
+        s.load_state_dict(st)
+    gen.set_state(ck["gen"])
+    return int(ck["step"])
 
 
 def run_rank(rank: int, world: int, args, init: str):
@@ -368,7 +414,21 @@ def main(argv=None):
                     help="tensor parallel over N ranks (the MLPs: ColwiseParallel fc, "
                          "RowwiseParallel out) on a (world/N, N) mesh")
     ap.add_argument("--out", help="write losses and measurements here (JSON)")
+    ap.add_argument("--checkpoint", metavar="PATH",
+                    help="save a checkpoint here every --checkpoint-every steps")
+    ap.add_argument("--checkpoint-every", type=int, default=50, metavar="N")
+    ap.add_argument("--resume", action="store_true",
+                    help="load --checkpoint first and go on from its step")
+    ap.add_argument("--until", type=int, default=0, metavar="N",
+                    help="stop after step N (default: --steps; the schedule still spans --steps)")
     args = ap.parse_args(argv)
+    if (args.checkpoint or args.resume) and args.optimizer == "torch":
+        ap.error("--checkpoint/--resume: not with --optimizer torch (its pair of optimizers "
+                 "has no state_dict here)")
+    if args.resume and not args.checkpoint:
+        ap.error("--resume needs --checkpoint PATH")
+    if args.checkpoint_every < 1:
+        ap.error("--checkpoint-every must be >= 1")
 
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
