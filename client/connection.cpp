@@ -31,8 +31,8 @@ std::string crash_note(const transport::HelloOk& ok) {
     return ". This server snapshots every " + (ok.snapshot_every == 1 ? "step" : n + " steps") +
            " to " + ok.snapshot_path +
            ": if it crashed, the momentum of the steps since its last snapshot is gone (at most " +
-           n + ", more only if it crashed while writing one); if it was stopped, its final " +
-           "snapshot holds every step";
+           n + ", more only if it crashed while writing one or its disk fell behind: see its " +
+           "log); if it was stopped, its final snapshot holds every step";
   }
   return ". This server writes " + ok.snapshot_path +
          " only on request and when stopped: if it crashed, the momentum of every step since the "

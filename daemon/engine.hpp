@@ -203,6 +203,8 @@ class Engine {
     std::vector<SnapshotEntry> entries;
   };
   std::optional<PeriodicSnapshot> periodic_;
+  /// Periodic snapshots skipped because the writer was behind (warned about once).
+  int64_t skipped_periodic_ = 0;
   std::string last_snapshot_path_;
   std::optional<std::chrono::system_clock::time_point> last_snapshot_time_;
   std::string metrics_url_;

@@ -28,6 +28,11 @@ void SnapshotWriter::drain() {
   cv_.wait(lk, [&] { return queue_.empty() && !busy_; });
 }
 
+size_t SnapshotWriter::waiting() {
+  std::lock_guard lk(mu_);
+  return queue_.size();
+}
+
 int64_t SnapshotWriter::step_on_disk(const std::string& path) {
   std::lock_guard lk(mu_);
   auto it = on_disk_.find(path);

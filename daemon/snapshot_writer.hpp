@@ -34,6 +34,8 @@ class SnapshotWriter {
   void write(std::string path, std::vector<SnapshotEntry> entries, Done done);
   /// Blocks until every write queued so far is on disk (their outcomes posted, maybe not run).
   void drain();
+  /// Writes queued and not yet started (the one being written is not counted).
+  size_t waiting();
   /// The step every entry of the last successful write to `path` held (common_step), -2 when
   /// they differed or nothing was written there yet.
   int64_t step_on_disk(const std::string& path);

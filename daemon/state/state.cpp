@@ -75,7 +75,19 @@ void Engine::collect_periodic(const std::string& name, Param& p) {
                 periodic_->step, periodic_->entries.size(), name, step);
     periodic_.reset();
   }
-  if (!periodic_) periodic_ = PeriodicSnapshot{step, {}};
+  if (!periodic_) {
+    if (writer_->waiting() > 0) {
+      // The disk is slower than N steps: one snapshot written, one waiting, no more copies.
+      if (skipped_periodic_++ == 0) {
+        log()->warn("periodic snapshot of step {} skipped: the one before is still waiting to be "
+                    "written (the disk is slower than --snapshot-every {} steps; a crash now "
+                    "loses more than {} steps)",
+                    step, every, every);
+      }
+      return;
+    }
+    periodic_ = PeriodicSnapshot{step, {}};
+  }
   periodic_->entries.push_back(
       {name, dims_of(p.layout->spec.shape), step, p.layout->spec.options, host_momentum(p)});
   const auto owned = std::count_if(params_.begin(), params_.end(), [](const auto& kv) {

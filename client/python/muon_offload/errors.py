@@ -104,9 +104,16 @@ class Timeout(MuonOffloadError, TimeoutError):
             "`muon-offload status --job NAME` (the launcher prints the name), or one with "
             "`muon-offload status --socket SOCKET`; raise the timeout only if steps are that slow.")
 
+    #: For the server's own verdict: a step whose ranks did not all commit in time.
+    STEP_HINT = ("The wait is the server's step timeout (muon-offloadd --step-timeout-ms, "
+                 "default 30000): the ranks named never pushed and committed this step (stalled, "
+                 "stopped, or slower than that); see every server of the job with "
+                 "`muon-offload status --job NAME`.")
+
     def __init__(self, message: str, code: int = MUON_ERR_TIMEOUT, error_code: int = 0,
                  error_name: str = ""):
-        super().__init__(message if self.HINT in message else f"{message}\n{self.HINT}", code,
+        hint = self.STEP_HINT if "did not commit within" in message else self.HINT
+        super().__init__(message if hint in message else f"{message}\n{hint}", code,
                          error_code, error_name)
 
 

@@ -51,3 +51,4 @@ def test_stalled_rank_surfaces_as_the_servers_timeout(server_factory, tmpdir_pri
     out = run_ranks("stalls", s, tmpdir_private)
     assert out["error"] == "Timeout", out  # not a silent wait in the AdamW all-reduce
     assert "ranks [1] did not commit" in out["message"], out["message"]
+    assert "--step-timeout-ms" in out["message"] and "timeout_s" not in out["message"]
