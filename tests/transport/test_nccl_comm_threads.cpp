@@ -199,8 +199,10 @@ TEST_F(NcclCommThreads, AbortRacingExchangesFromOtherThreadsIsSafe) {
     NcclComm bystander(id(), 2, 0, 10s, kFake);
     std::atomic<bool> stop{false};
     std::atomic<int> victim_errors{0};
+    // The pusher runs until the abort reaches it: its next call after the abort must throw,
+    // however late the scheduler lets it run (no stop flag, so a loaded machine cannot skip it).
     std::thread pusher([&] {
-      while (!stop) {
+      for (;;) {
         try {
           round_trip(victim);
         } catch (const muon::DeviceError&) {
