@@ -201,6 +201,7 @@ class Engine {
   struct PeriodicSnapshot {
     int64_t step = -1;
     std::vector<SnapshotEntry> entries;
+    double copy_seconds = 0;  ///< io thread time spent copying the momenta so far
   };
   std::optional<PeriodicSnapshot> periodic_;
   /// Periodic snapshots skipped because the writer was behind (warned about once).
