@@ -56,7 +56,8 @@ bool same_options(const MuonOptions& a, const MuonOptions& b) {
          oa.coefficients == ob.coefficients && same_bits(oa.eps, ob.eps) &&
          oa.eps_mode == ob.eps_mode && oa.scale_rule == ob.scale_rule &&
          same_bits(oa.extra_scale, ob.extra_scale) && oa.row_splits == ob.row_splits &&
-         oa.algorithm == ob.algorithm && oa.precision == ob.precision &&
+         oa.algorithm == ob.algorithm && oa.gram_restart == ob.gram_restart &&
+         oa.precision == ob.precision &&
          oa.nonfinite == ob.nonfinite;
 }
 

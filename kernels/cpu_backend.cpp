@@ -68,6 +68,9 @@ void CpuBackend::newton_schulz_batch(float* x, int64_t count, int64_t rows, int6
         "--backend cuda");
   }
   const NsAlgorithm algo = options.algorithm;
+  if (algo == NsAlgorithm::automatic) {
+    throw InvalidArgument("the CPU backend runs plain, syrk or gram; resolve auto first");
+  }
   const int64_t size = rows * cols;
   for (int64_t i = 0; i < count; ++i) {
     float* xi = x + i * size;
@@ -86,7 +89,7 @@ void CpuBackend::newton_schulz_batch(float* x, int64_t count, int64_t rows, int6
     // of a norm beyond float's range in scale_invariant mode.
     for (int64_t j = 0; j < size; ++j) xi[j] = static_cast<float>(xi[j] / denom);
     if (algo == NsAlgorithm::gram) {
-      gram(xi, rows, cols, coefficients);
+      gram(xi, rows, cols, coefficients, options.gram_restart);
     } else {
       plain_or_syrk(xi, rows, cols, coefficients, algo == NsAlgorithm::syrk, false);
     }
@@ -132,11 +135,28 @@ void CpuBackend::plain_or_syrk(float* x, int64_t m, int64_t n,
   if (cur != x) std::memcpy(x, cur, sizeof(float) * m * n);
 }
 
-// Gram-space iteration (Dao-AILab gram-newton-schulz, 2025). With X_k = Q_k X_0 and
-// R_k = X_k X_k^T, one step X_{k+1} = P_k X_k with P_k = a I + b R_k + c R_k^2 gives
+// Gram-space iteration (Zhang, Amsel, Chen, Dao 2025, Dao-AILab/gram-newton-schulz). With
+// X_k = Q_k X_0 and R_k = X_k X_k^T, one step X_{k+1} = P_k X_k with P_k = a I + b R_k + c R_k^2
+// gives
 //   Q_{k+1} = P_k Q_k,   R_{k+1} = P_k R_k P_k  (P_k is a polynomial in R_k: symmetric, commuting),
-// so only m x m products run per step and X = Q X_0 is formed once at the end.
-void CpuBackend::gram(float* x, int64_t m, int64_t n, const std::vector<NsCoefficients>& coeffs) {
+// so only m x m products run per step and X = Q X_0 is formed at the end of a run of steps.
+// Restart (the source's stabilization): the steps run in runs of `restart` (0: one run of all);
+// each run starts from the X the previous one formed, with R recomputed from it, so rounding in
+// Q and R (R carries the squared condition number of X) accumulates over `restart` steps only.
+void CpuBackend::gram(float* x, int64_t m, int64_t n, const std::vector<NsCoefficients>& coeffs,
+                      int restart) {
+  const size_t steps = coeffs.size();
+  const size_t run = restart > 0 ? static_cast<size_t>(restart) : steps;
+  for (size_t first = 0; first < steps; first += run) {
+    const size_t last = std::min(steps, first + run);
+    gram_run(x, m, n, coeffs.data() + first, last - first);
+  }
+}
+
+// One run of `count` Gram-space steps from X (m x n, in place): R = X X^T, the steps on R and Q,
+// then X <- Q X.
+void CpuBackend::gram_run(float* x, int64_t m, int64_t n, const NsCoefficients* coeffs,
+                          size_t count) {
   grow(a_, m * m);   // R
   grow(b_, m * m);   // P
   grow(q_, m * m);   // Q
@@ -149,7 +169,7 @@ void CpuBackend::gram(float* x, int64_t m, int64_t n, const std::vector<NsCoeffi
   const int M = static_cast<int>(m), N = static_cast<int>(n);
   cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, M, N, 1.0f, x, N, 0.0f, R, M);
   mirror_upper(R, m);
-  for (size_t s = 0; s < coeffs.size(); ++s) {
+  for (size_t s = 0; s < count; ++s) {
     const float a = static_cast<float>(coeffs[s].a), b = static_cast<float>(coeffs[s].b),
                 c = static_cast<float>(coeffs[s].c);
     // P = c R R + b R + a I
@@ -163,7 +183,7 @@ void CpuBackend::gram(float* x, int64_t m, int64_t n, const std::vector<NsCoeffi
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, M, M, 1.0f, P, M, Q, M, 0.0f, T, M);
       std::swap(Q, T);
     }
-    if (s + 1 < coeffs.size()) {
+    if (s + 1 < count) {
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, M, M, 1.0f, P, M, R, M, 0.0f, T, M);
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, M, M, 1.0f, T, M, P, M, 0.0f, R, M);
       mirror_upper(R, m);  // keep R exactly symmetric: ssyrk reads all of it

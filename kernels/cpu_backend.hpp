@@ -30,7 +30,9 @@ class CpuBackend final : public Backend {
  private:
   void plain_or_syrk(float* x, int64_t m, int64_t n, const std::vector<NsCoefficients>& coeffs,
                      bool syrk, bool narrow);
-  void gram(float* x, int64_t m, int64_t n, const std::vector<NsCoefficients>& coeffs);
+  void gram(float* x, int64_t m, int64_t n, const std::vector<NsCoefficients>& coeffs,
+            int restart);
+  void gram_run(float* x, int64_t m, int64_t n, const NsCoefficients* coeffs, size_t count);
 
   // Workspace reused across calls (fresh pages are ~20x slower to write than warm ones).
   std::vector<float> a_, b_, x2_, q_, t_;

@@ -26,8 +26,8 @@ struct DeviceSelector {
 /// Newton-Schulz with cuBLAS on one GPU. Inputs and outputs are host fp32 (Backend's contract);
 /// the batch is computed in Precision::bf16 (default) or fp32 by DeviceNewtonSchulz, so the host
 /// API and the device Muon step (kernels/device_muon.hpp) give the same bits. NsAlgorithm::syrk
-/// and ::gram run as plain GEMMs here (same polynomial, see DeviceNewtonSchulz), so results match
-/// the CPU's plain path. Not thread-safe (one backend per worker thread); any thread may call it.
+/// runs as plain GEMMs here (same polynomial, see DeviceNewtonSchulz); gram as the restarted
+/// Gram-space iteration. Not thread-safe (one backend per worker thread); any thread may call it.
 class CudaBackend final : public Backend {
  public:
   /// Selects config.cuda_device and creates the stream and the cuBLAS handle.

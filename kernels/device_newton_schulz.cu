@@ -140,6 +140,21 @@ __global__ void __launch_bounds__(kThreads)
   if (__syncthreads_or(bad) && threadIdx.x == 0) atomicOr(nonfinite, 1);  // an int flag
 }
 
+// M[mat] += a I for `count` row-major m x m matrices (the a I of the gram step's P = a I + bR +
+// cR^2). Grid: (blocks over the diagonal, min(count, 65535)).
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    add_to_diagonal(T* __restrict__ mats, int64_t count, int64_t m, float a) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t mat = blockIdx.y; mat < count; mat += gridDim.y) {
+    T* mm = mats + mat * m * m;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < m;
+         i += stride) {
+      mm[i * m + i] = from_float<T>(to_float(mm[i * m + i]) + a);
+    }
+  }
+}
+
 // *dst |= *src: hands a captured graph's flag to the caller's.
 __global__ void or_flag(const int* __restrict__ src, int* __restrict__ dst) {
   if (*src != 0) atomicOr(dst, *src);
@@ -178,7 +193,8 @@ class BlasHandle {
 /// The buffers of one Newton-Schulz sequence (X itself is the caller's).
 struct Workspace {
   DeviceBuffer x0, x1;    // X ping/pong in T (x0 unused for fp32: X is normalized in place)
-  DeviceBuffer a, b;      // A and B per matrix, m x m in T
+  DeviceBuffer a, b;      // A and B per matrix, m x m in T (gram: R and P)
+  DeviceBuffer q, t;      // gram only: Q and a scratch product per matrix, m x m in T
   DeviceBuffer partials;  // norm partial sums, double [count][parts]
   DeviceBuffer denom;     // per-matrix divisor, double [count]
 };
@@ -189,12 +205,16 @@ int64_t norm_parts(int64_t size) {
 }
 
 template <class T>
-void reserve(Workspace& ws, int64_t count, int64_t m, int64_t n) {
+void reserve(Workspace& ws, int64_t count, int64_t m, int64_t n, bool gram_space) {
   const auto total = static_cast<size_t>(count * m * n), gram = static_cast<size_t>(m * m);
   if constexpr (std::is_same_v<T, __nv_bfloat16>) ws.x0.reserve(sizeof(T) * total);
   ws.x1.reserve(sizeof(T) * total);
   ws.a.reserve(sizeof(T) * count * gram);
   ws.b.reserve(sizeof(T) * count * gram);
+  if (gram_space) {
+    ws.q.reserve(sizeof(T) * count * gram);
+    ws.t.reserve(sizeof(T) * count * gram);
+  }
   ws.partials.reserve(sizeof(double) * count * norm_parts(m * n));
   ws.denom.reserve(sizeof(double) * count);
 }
@@ -220,8 +240,15 @@ struct GraphKey {
   float eps;
   EpsMode eps_mode;
   std::vector<double> coefficients;  // a, b, c of every step
+  int gram_restart;                  // -1: the plain GEMMs; else gram with this restart
   auto operator<=>(const GraphKey&) const = default;
 };
+
+// -1 when `options` run the plain GEMMs (plain, syrk: cuBLAS has no bf16 or batched SYRK),
+// else gram's restart interval (0: never).
+int gram_restart_of(const OrthogonalizeOptions& options) {
+  return options.algorithm == NsAlgorithm::gram ? options.gram_restart : -1;
+}
 
 }  // namespace
 
@@ -254,6 +281,62 @@ struct DeviceNewtonSchulz::Impl {
         CUBLAS_GEMM_DEFAULT));
   }
 
+  // The gram iteration (as CpuBackend::gram: Zhang, Amsel, Chen, Dao 2025) on the normalized X
+  // in `cur` (ws.x0/x1 or x itself), in runs of `restart` steps (0: one run): per run
+  // R = X X^T, then per step P = a I + b R + c R R, Q <- P Q (Q = P at the first), R <- P R P
+  // (not after the last), and X <- Q X at the end of the run into `next`, swapped with `cur`
+  // (as the plain steps ping-pong). Row-major products C = A B are gemm(N, N, B, A)
+  // column-major.
+  template <class T>
+  void gram_steps(Workspace& ws, T*& cur, T*& next, int64_t count, int64_t m, int64_t n,
+                  const std::vector<NsCoefficients>& coefficients, int restart,
+                  cudaDataType_t type, cublasComputeType_t compute, cudaStream_t stream) {
+    const int64_t size = m * n, gram = m * m;
+    T* R = ws.a.as<T>();
+    T* P = ws.b.as<T>();
+    T* Q = ws.q.as<T>();
+    T* S = ws.t.as<T>();
+    const dim3 diagonal_grid(
+        static_cast<unsigned>(std::clamp<int64_t>(ceil_div(m, kThreads), 1, kMaxBlocksPerMatrix)),
+        static_cast<unsigned>(std::min(count, kMaxGridY)));
+    const size_t steps = coefficients.size();
+    const size_t run = restart > 0 ? static_cast<size_t>(restart) : steps;
+    for (size_t first = 0; first < steps; first += run) {
+      const size_t last = std::min(steps, first + run);
+      gemm(CUBLAS_OP_T, CUBLAS_OP_N, m, m, n, 1.0f, cur, n, size, cur, n, size, 0.0f, R, m, gram,
+           count, type, compute);
+      for (size_t s = first; s < last; ++s) {
+        const float ka = static_cast<float>(coefficients[s].a),
+                    kb = static_cast<float>(coefficients[s].b),
+                    kc = static_cast<float>(coefficients[s].c);
+        MUON_CUDA_CHECK(
+            cudaMemcpyAsync(P, R, sizeof(T) * count * gram, cudaMemcpyDeviceToDevice, stream));
+        gemm(CUBLAS_OP_N, CUBLAS_OP_N, m, m, m, kc, R, m, gram, R, m, gram, kb, P, m, gram, count,
+             type, compute);
+        add_to_diagonal<T><<<diagonal_grid, kThreads, 0, stream>>>(P, count, m, ka);
+        MUON_CUDA_CHECK(cudaGetLastError());
+        if (s == first) {
+          MUON_CUDA_CHECK(
+              cudaMemcpyAsync(Q, P, sizeof(T) * count * gram, cudaMemcpyDeviceToDevice, stream));
+        } else {  // S = P Q, then Q <- S
+          gemm(CUBLAS_OP_N, CUBLAS_OP_N, m, m, m, 1.0f, Q, m, gram, P, m, gram, 0.0f, S, m, gram,
+               count, type, compute);
+          std::swap(Q, S);
+        }
+        if (s + 1 < last) {  // S = P R, R <- S P
+          gemm(CUBLAS_OP_N, CUBLAS_OP_N, m, m, m, 1.0f, R, m, gram, P, m, gram, 0.0f, S, m, gram,
+               count, type, compute);
+          gemm(CUBLAS_OP_N, CUBLAS_OP_N, m, m, m, 1.0f, P, m, gram, S, m, gram, 0.0f, R, m, gram,
+               count, type, compute);
+        }
+      }
+      // next = Q cur (row-major), then swap.
+      gemm(CUBLAS_OP_N, CUBLAS_OP_N, n, m, m, 1.0f, cur, n, size, Q, m, gram, 0.0f, next, n, size,
+           count, type, compute);
+      std::swap(cur, next);
+    }
+  }
+
   // The whole sequence on x (device fp32, in place) with X, A, B stored as T, enqueued on
   // `stream`; ORs into *flag when a result is not finite. Allocates only when `ws` is too small
   // (never during capture: capture() reserves first).
@@ -266,7 +349,8 @@ struct DeviceNewtonSchulz::Impl {
     const cublasComputeType_t compute = kBf16 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_PEDANTIC;
     const int64_t size = m * n, total = count * size, gram = m * m;
     const int64_t parts = norm_parts(size);
-    reserve<T>(ws, count, m, n);
+    const int restart = gram_restart_of(options);
+    reserve<T>(ws, count, m, n, restart >= 0);
     bind(stream);
 
     T* cur = kBf16 ? ws.x0.as<T>() : reinterpret_cast<T*>(x);  // fp32: normalize in place
@@ -297,20 +381,24 @@ struct DeviceNewtonSchulz::Impl {
     //   B = b A + c A A   column-major B^T:   b A^T + c A^T A^T   = gemm(N, N, m, m, m) on A
     //   X' = a X + B X    column-major X'^T:  a X^T + X^T B^T     = gemm(N, N, n, m, m) (X, B)
     // so every buffer holds exactly the row-major matrix the CPU backend holds.
-    for (const NsCoefficients& k : coefficients) {
-      const float ka = static_cast<float>(k.a), kb = static_cast<float>(k.b),
-                  kc = static_cast<float>(k.c);
-      gemm(CUBLAS_OP_T, CUBLAS_OP_N, m, m, n, 1.0f, cur, n, size, cur, n, size, 0.0f, A, m, gram,
-           count, type, compute);
-      MUON_CUDA_CHECK(
-          cudaMemcpyAsync(B, A, sizeof(T) * count * gram, cudaMemcpyDeviceToDevice, stream));
-      gemm(CUBLAS_OP_N, CUBLAS_OP_N, m, m, m, kc, A, m, gram, A, m, gram, kb, B, m, gram, count,
-           type, compute);
-      MUON_CUDA_CHECK(
-          cudaMemcpyAsync(next, cur, sizeof(T) * total, cudaMemcpyDeviceToDevice, stream));
-      gemm(CUBLAS_OP_N, CUBLAS_OP_N, n, m, m, 1.0f, cur, n, size, B, m, gram, ka, next, n, size,
-           count, type, compute);
-      std::swap(cur, next);
+    if (restart >= 0) {
+      gram_steps<T>(ws, cur, next, count, m, n, coefficients, restart, type, compute, stream);
+    } else {
+      for (const NsCoefficients& k : coefficients) {
+        const float ka = static_cast<float>(k.a), kb = static_cast<float>(k.b),
+                    kc = static_cast<float>(k.c);
+        gemm(CUBLAS_OP_T, CUBLAS_OP_N, m, m, n, 1.0f, cur, n, size, cur, n, size, 0.0f, A, m, gram,
+             count, type, compute);
+        MUON_CUDA_CHECK(
+            cudaMemcpyAsync(B, A, sizeof(T) * count * gram, cudaMemcpyDeviceToDevice, stream));
+        gemm(CUBLAS_OP_N, CUBLAS_OP_N, m, m, m, kc, A, m, gram, A, m, gram, kb, B, m, gram, count,
+             type, compute);
+        MUON_CUDA_CHECK(
+            cudaMemcpyAsync(next, cur, sizeof(T) * total, cudaMemcpyDeviceToDevice, stream));
+        gemm(CUBLAS_OP_N, CUBLAS_OP_N, n, m, m, 1.0f, cur, n, size, B, m, gram, ka, next, n, size,
+             count, type, compute);
+        std::swap(cur, next);
+      }
     }
 
     // Back to fp32 in x (in place when cur == x), checked.
@@ -329,7 +417,7 @@ struct DeviceNewtonSchulz::Impl {
     const int64_t total = key.count * key.m * key.n;
     g->io.reserve(sizeof(float) * total);
     g->flag.reserve(sizeof(int));
-    reserve<T>(g->ws, key.count, key.m, key.n);
+    reserve<T>(g->ws, key.count, key.m, key.n, key.gram_restart >= 0);
     const cudaStream_t cs = capture_stream->get();
     bind(cs);
     MUON_CUDA_CHECK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal));
@@ -364,7 +452,7 @@ struct DeviceNewtonSchulz::Impl {
     GraphKey key{count,       m,
                  n,           std::is_same_v<T, __nv_bfloat16>,
                  options.eps, options.eps_mode,
-                 {}};
+                 {},          gram_restart_of(options)};
     for (const NsCoefficients& k : coefficients)
       key.coefficients.insert(key.coefficients.end(), {k.a, k.b, k.c});
     auto it = graphs.find(key);

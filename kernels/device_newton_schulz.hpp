@@ -22,10 +22,12 @@ namespace muon {
 ///   Precision::fp32: fp32 storage and products without TF32 (CUBLAS_COMPUTE_32F_PEDANTIC).
 /// Each matrix is divided by its own Frobenius norm per options.eps_mode (small deterministic
 /// reduction kernels, no float atomics); an all-zero matrix stays exactly zero. NsAlgorithm syrk
-/// and gram run as the plain GEMMs (same polynomial; cuBLAS has no bf16 or batched SYRK).
+/// runs as the plain GEMMs (same polynomial; cuBLAS has no bf16 or batched SYRK); gram runs the
+/// restarted Gram-space iteration (options.gram_restart; see CpuBackend and muon_options.hpp)
+/// as batched m x m GEMMs, with R, P and Q stored in T like A and B.
 ///
 /// Graph capture (capture_graphs): the first call for a (count, rows, cols, precision, eps,
-/// eps mode, coefficients) key captures the whole sequence once into a CUDA graph with its own
+/// eps mode, coefficients, gram or not and its restart) key captures the whole sequence once into a CUDA graph with its own
 /// buffers (cudaStreamBeginCapture/EndCapture, cudaGraphInstantiate); later calls with that key
 /// copy X into the graph's buffer, replay it (cudaGraphLaunch) and copy the result back: the same
 /// kernels and cuBLAS calls on the same handle and workspace, so the same bits as the uncaptured

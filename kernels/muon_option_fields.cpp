@@ -185,13 +185,22 @@ const OptionField kFields[] = {
        o.orthogonalize.row_splits = read_integer_list("row_splits", v);
      }},
     {"algorithm", OptionGroup::orthogonalize, OptionType::string, "--algorithm",
-     "plain (3 GEMMs/step), syrk (symmetric products), gram (Gram-space iteration, less exact; "
-     "for cols >> rows)",
+     "plain (3 GEMMs/step), syrk (symmetric products), gram (Gram-space iteration restarted "
+     "every gram_restart steps; for cols >> rows), auto (the fastest exact one for the shape, "
+     "measured once per machine)",
      ns_algorithm_names,
      [](const MuonOptions& o) { return json(ns_algorithm_name(o.orthogonalize.algorithm)); },
      [](MuonOptions& o, const json& v) {
        o.orthogonalize.algorithm = read_name("algorithm", v, parse_ns_algorithm);
      }},
+    {"gram_restart", OptionGroup::orthogonalize, OptionType::integer, "--gram-restart",
+     "Steps between restarts of the gram iteration (X formed, X X^T recomputed; Dao-AILab "
+     "Gram Newton-Schulz); 0 never restarts (less exact)",
+     nullptr, [](const MuonOptions& o) { return json(o.orthogonalize.gram_restart); },
+     [](MuonOptions& o, const json& v) {
+       o.orthogonalize.gram_restart = static_cast<int>(read_integer("gram_restart", v, 0, 100));
+     },
+     /*required=*/false},
     {"precision", OptionGroup::orthogonalize, OptionType::string, "--precision",
      "default (the backend's: fp32 on CPU, bf16 on CUDA), fp32, bf16 (CUDA only), torch_bf16 "
      "(torch.optim.Muon's bf16 rounding points, CPU only, for parity checks)",

@@ -46,7 +46,8 @@ struct OptionField {
 };
 
 /// Every field, in the order of the documentation: momentum, mu, nesterov, schedule, steps,
-/// coefficients, eps, eps_mode, scale, extra_scale, row_splits, algorithm, precision, nonfinite.
+/// coefficients, eps, eps_mode, scale, extra_scale, row_splits, algorithm, gram_restart, precision,
+/// nonfinite.
 std::span<const OptionField> muon_option_fields();
 
 /// The field called `name`, or nullptr.

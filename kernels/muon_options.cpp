@@ -82,9 +82,14 @@ void validate(const OrthogonalizeOptions& options, const MatrixShape& shape,
   } catch (const InvalidArgument& e) {
     throw InvalidArgument(who + ": " + e.message());
   }
-  if (options.precision == Precision::torch_bf16 && options.algorithm != NsAlgorithm::plain) {
+  if (options.precision == Precision::torch_bf16 && options.algorithm != NsAlgorithm::plain &&
+      options.algorithm != NsAlgorithm::automatic) {
     throw InvalidArgument(who + ": precision torch_bf16 rounds torch's three products per step; "
-                                "it needs algorithm plain");
+                                "it needs algorithm plain (or auto, which then is plain)");
+  }
+  if (options.gram_restart < 0 || options.gram_restart > 100) {
+    throw InvalidArgument(who + ": gram_restart must lie in [0, 100] steps, got " +
+                          std::to_string(options.gram_restart));
   }
   if (!(options.eps >= 0.0f) || !std::isfinite(options.eps)) {
     throw InvalidArgument(who + ": eps must be finite and >= 0");
@@ -159,6 +164,8 @@ std::vector<std::string> names_of(const Named<E> (&table)[N]) {
 EpsMode parse_eps_mode(std::string_view name) {
   return parse_named(kEpsModes, name, "eps mode");
 }
+NsAlgorithm default_ns_algorithm() { return NsAlgorithm::plain; }
+
 NsAlgorithm parse_ns_algorithm(std::string_view name) {
   return parse_named(kAlgorithms, name, "Newton-Schulz algorithm");
 }

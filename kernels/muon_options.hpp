@@ -39,12 +39,25 @@ MUON_HD double normalization_divisor(double norm, float eps, EpsMode mode) {
 /// How the Newton-Schulz products are formed (all compute the same polynomial):
 ///   plain  three GEMMs per step: A = X X^T, B = bA + cAA, X = aX + BX.
 ///   syrk   A = X X^T and A A = A A^T as symmetric rank-k updates (half the FLOPs of both).
-///   gram   iterate in Gram space (R = X X^T, Q <- p(R) Q, R <- p(R) R p(R), X = Q X0): two
-///          m x m x n products in total instead of two per step; wins when cols >> rows
-///          (Dao-AILab gram-newton-schulz, 2025). Less exact in fp32: R squares the
-///          condition number, so it lands ~1e-4..1e-3 (5 steps) to ~3e-3 (10 steps) from the SVD
-///          oracle where plain and syrk land ~1e-5; opt-in for very wide matrices.
-enum class NsAlgorithm { plain, syrk, gram };
+///   gram   iterate in Gram space (R = X X^T, Q <- p(R) Q, R <- p(R) R p(R), X = Q X0): one
+///          m x m x n product to form R and one to form X = Q X0 instead of two per step; wins
+///          when cols >> rows (Zhang, Amsel, Chen, Dao 2025, "Gram Newton-Schulz",
+///          Dao-AILab/gram-newton-schulz). Restarted every `gram_restart` steps (X formed
+///          explicitly, R recomputed from it), as that source does to stabilize it: R squares the
+///          condition number, so rounding errors grow with every step spent in Gram space;
+///          a restart bounds the number of such steps, and with it the error (from the SVD oracle,
+///          fp32: within 2x of plain's with gram_restart 2; ~1e-4..3e-3 with no restart).
+///   automatic  ("auto") the fastest of plain, syrk and gram for the matrix' shape, precision
+///          and backend among those that meet the exactness contract, measured once per machine
+///          and cached (kernels/ns_choice.hpp). Resolved per row block before the products run.
+enum class NsAlgorithm { plain, syrk, gram, automatic };
+
+/// The algorithm OrthogonalizeOptions start with: automatic (its one home; muon_options.cpp).
+NsAlgorithm default_ns_algorithm();
+
+/// The gram restart interval OrthogonalizeOptions start with (2: a restart after every second
+/// step; 0: never restart).
+inline constexpr int kDefaultGramRestart = 2;
 
 /// Inputs of the Newton-Schulz products. fp32 everywhere on the CPU; the CUDA backend rounds X to
 /// bf16 and accumulates in fp32 (`bf16`, its default) or stays in fp32.
@@ -76,7 +89,10 @@ struct OrthogonalizeOptions {
   /// Row blocks orthogonalized separately (fused QKV), e.g. {q_rows, k_rows, v_rows}; empty
   /// means one block. Must add up to the matrix' rows.
   std::vector<int64_t> row_splits;
-  NsAlgorithm algorithm = NsAlgorithm::plain;
+  NsAlgorithm algorithm = default_ns_algorithm();
+  /// Steps between restarts of the gram iteration (X = Q X formed, R recomputed); 0 never
+  /// restarts. Used by NsAlgorithm::gram (and automatic when it picks gram); 0..100.
+  int gram_restart = kDefaultGramRestart;
   Precision precision = Precision::backend_default;
   NonFinitePolicy nonfinite = NonFinitePolicy::error;
 };

@@ -15,7 +15,9 @@ namespace muon::plan {
 ///   syrk   X X^T and A A^T as SYRK, one triangle each (m^2 n + m^3) + B X (2 m^2 n)
 ///                                                                      = 3 m^2 n + m^3
 ///   gram   per step in Gram space: R^2, p(R) Q, p(R) R p(R) on m x m    = 8 m^3
-///          (plus 4 m^2 n once per run: R = X X^T and X = Q X0; see ns_run_flops)
+///          (plus 4 m^2 n once per run of kDefaultGramRestart steps: R = X X^T and X = Q X0;
+///          see ns_run_flops)
+///   auto   counted as syrk (what it picks is measured on the server's machine)
 /// The normalization (2 m n) and the elementwise terms are left out (< 0.1 %).
 double ns_step_flops(int64_t rows, int64_t cols, NsAlgorithm algorithm);
 
