@@ -12,8 +12,11 @@
 //               with MUON_HAVE_CUDA, skipped with an error message when no GPU is usable.
 //   <what>      gemm_ref: the reference alone (gemm_reference.hpp): the 3 * steps plain GEMMs
 //               of one NS run. Counter gemm_gflops = nominal flops / time.
-//               ns_plain, ns_syrk, ns_gram: Backend::orthogonalize with that NsAlgorithm,
-//               schedule keller, 5 steps, ScaleRule::none. Counters:
+//               ns_plain, ns_syrk, ns_gram, ns_auto: Backend::orthogonalize with that
+//               NsAlgorithm (gram restarted every kDefaultGramRestart steps; auto, the default,
+//               runs what its table chose, kernels/ns_choice.hpp: its warm-up call, always made,
+//               measures the choice when the table has none), schedule keller, 5 steps,
+//               ScaleRule::none. Counters:
 //                 ns_gflops          nominal flops / NS time (Counter::kIsRate)
 //                 gemm_gflops        nominal flops / time of the GEMM reference, run in the same
 //                                    benchmark, paired with the NS calls (see run_ns)
@@ -69,7 +72,8 @@ struct Algo {
 };
 constexpr Algo kAlgos[] = {{"plain", muon::NsAlgorithm::plain},
                            {"syrk", muon::NsAlgorithm::syrk},
-                           {"gram", muon::NsAlgorithm::gram}};
+                           {"gram", muon::NsAlgorithm::gram},
+                           {"auto", muon::NsAlgorithm::automatic}};
 
 using muon::seconds_since;
 
@@ -211,8 +215,10 @@ void register_cpu() {
                       guarded(state, [&] {
                         auto backend = muon::make_backend("cpu", {.cpu_threads = cpu_threads()});
                         muon::bench::CpuGemmReference ref(shape.rows, shape.cols, kSteps);
+                        const bool automatic = algo.algorithm == muon::NsAlgorithm::automatic;
                         run_ns(state, *backend, ref, shape,
-                               ns_options(algo.algorithm, muon::Precision::fp32), warmup, heavy);
+                               ns_options(algo.algorithm, muon::Precision::fp32),
+                               warmup || automatic, heavy);
                       });
                     }),
                 heavy);

@@ -5,6 +5,10 @@
 //                          with k client ranks vs the same kernels in process, and the time
 //                          exposed after the last push when pushes are paced like backward
 //                          (after one untimed warm-up step)
+//   step/gpt2_small_default_vs_plain
+//                          one optimizer step of the same 48 matrices through one server with
+//                          default options (algorithm auto) vs pinned plain, alternating in one
+//                          run: default/plain is the time ratio
 #include <benchmark/benchmark.h>
 #include <unistd.h>
 
@@ -134,6 +138,7 @@ void BM_Step(benchmark::State& state) {
   double inprocess_s = 0;
   {
     MuonOptions o;
+    o.orthogonalize.algorithm = NsAlgorithm::plain;  // as the server's registrations (param())
     std::vector<std::vector<float>> mom, upd;
     for (const auto& g : grads) {
       mom.emplace_back(g.size(), 0.0f);
@@ -237,6 +242,78 @@ BENCHMARK(BM_Step)
     ->Arg(1)
     ->Arg(4)
     ->ArgName("clients")
+    ->UseManualTime()
+    ->Iterations(1)
+    ->Unit(benchmark::kSecond);
+
+// ---- default options vs plain on the server ----------------------------------------------------
+
+// One client registers GPT-2 small's 48 matrices twice: "plain/<name>" pinned to plain and
+// "default/<name>" with MuonOptions' defaults (algorithm auto). A step of one set = every
+// gradient pushed and committed, then every update awaited. One untimed step of each first (auto
+// measures its choices there when the server's table has none; buffers warm), then kSteps of each,
+// alternating which set goes first. default/plain = total default time / total plain time.
+void BM_StepDefaultVsPlain(benchmark::State& state) {
+  constexpr int kSteps = 3;
+  const auto mats = bench::gpt2_small_matrices();
+  std::mt19937 rng(2);
+  std::normal_distribution<float> normal;
+  std::vector<std::vector<float>> grads;
+  for (const auto& m : mats) {
+    grads.emplace_back(static_cast<size_t>(m.rows * m.cols));
+    for (auto& x : grads.back()) x = normal(rng);
+  }
+  bench::BenchServer server({"--threads", std::to_string(cpu_threads()), "--slot-kib", "4096",
+                             "--step-timeout-ms", "600000"});
+  client::ClientConfig cfg;
+  cfg.servers = {server.socket()};
+  cfg.op_timeout = std::chrono::minutes(10);
+  client::Client c(cfg);
+  std::vector<client::ParameterRegistration> regs;
+  for (const char* set : {"plain/", "default/"}) {
+    for (const auto& m : mats) {
+      auto p = param(set + m.name, m.rows, m.cols, {{0, m.rows * m.cols}});
+      if (std::string(set) == "default/") p.options = MuonOptions{};
+      regs.push_back(p);
+    }
+  }
+  c.register_parameters(regs);
+  std::vector<int64_t> steps(2, 0);
+  std::vector<float> u;
+  const auto one_step = [&](int set) {
+    const std::string prefix = set == 0 ? "plain/" : "default/";
+    const auto t0 = Clock::now();
+    for (size_t i = 0; i < mats.size(); ++i) {
+      const auto& m = mats[i];
+      c.push(prefix + m.name, steps[set], 0, grads[i].data(), m.rows * m.cols);
+      c.commit(prefix + m.name, steps[set]);
+    }
+    for (const auto& m : mats) {
+      u.resize(static_cast<size_t>(m.rows * m.cols));
+      c.wait_update(prefix + m.name, steps[set], u.data());
+    }
+    ++steps[set];
+    return seconds(Clock::now() - t0);
+  };
+  one_step(0);  // warm-up
+  one_step(1);  // warm-up; auto's choices measured here when the table has none
+  double plain_s = 0, default_s = 0;
+  for (auto _ : state) {
+    for (int k = 0; k < kSteps; ++k) {
+      const int first = k % 2;
+      const double a = one_step(first), b = one_step(1 - first);
+      (first == 0 ? plain_s : default_s) += a;
+      (first == 0 ? default_s : plain_s) += b;
+    }
+    state.SetIterationTime(default_s);
+  }
+  const double n = static_cast<double>(state.iterations()) * kSteps;
+  state.counters["plain_s"] = plain_s / n;
+  state.counters["default_s"] = default_s / n;
+  state.counters["default/plain"] = default_s / plain_s;
+}
+BENCHMARK(BM_StepDefaultVsPlain)
+    ->Name("step/gpt2_small_default_vs_plain")
     ->UseManualTime()
     ->Iterations(1)
     ->Unit(benchmark::kSecond);

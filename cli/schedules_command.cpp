@@ -3,9 +3,12 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <iostream>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "cli/text_table.hpp"
+#include "kernels/ns_choice.hpp"
 #include "kernels/ns_schedule.hpp"
 
 namespace muon::cli {
@@ -57,10 +60,40 @@ void print_schedules(std::ostream& out) {
          "  hybrid_tail  steps-2 Keller quintic steps, then the 2 listed convergent steps\n";
 }
 
+void print_algorithm_choices(std::ostream& out, const std::string& path) {
+  out << "\nALGORITHM CHOICES of --algorithm auto (the default), per machine and block: ";
+  if (path.empty()) {
+    out << "no table file (MUON_OFFLOAD_NS_TABLE=none): each process measures its own\n";
+    return;
+  }
+  out << path << "\n";
+  const auto entries = read_ns_choice_file(path);
+  if (entries.empty()) {
+    out << "  none measured yet: the first process to run a block shape measures plain, syrk and "
+           "gram on it and writes its choice here\n";
+    return;
+  }
+  std::vector<std::vector<std::string>> rows = {{"MACHINE", "BLOCK", "ALGORITHM", "WHY"}};
+  for (const auto& e : entries) {
+    rows.push_back({e.machine, e.key, std::string(ns_algorithm_name(e.choice.algorithm)),
+                    e.choice.reason});
+  }
+  print_table(out, rows, "  ");
+}
+
 void add_schedules_command(CLI::App& app) {
   CLI::App* sub = app.add_subcommand(
-      "schedules", "List the Newton-Schulz coefficient schedules (names, aliases, steps, sources)");
-  sub->callback([] { print_schedules(std::cout); });
+      "schedules",
+      "List the Newton-Schulz coefficient schedules (names, aliases, steps, sources) and the "
+      "algorithms auto chose on this machine");
+  auto table = std::make_shared<std::string>(NsChoiceTable::default_path());
+  sub->add_option("--table", *table,
+                  "The choice table of --algorithm auto to show (default: $MUON_OFFLOAD_NS_TABLE, "
+                  "else ~/.cache/muon-offload/ns-choices.json)");
+  sub->callback([table] {
+    print_schedules(std::cout);
+    print_algorithm_choices(std::cout, *table);
+  });
 }
 
 }  // namespace muon::cli

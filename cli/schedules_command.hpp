@@ -2,6 +2,7 @@
 #pragma once
 
 #include <ostream>
+#include <string>
 
 namespace CLI {
 class App;
@@ -17,5 +18,10 @@ void add_schedules_command(CLI::App& app);
 /// the number of listed steps and the source of the constants. Never throws (beyond stream
 /// errors).
 void print_schedules(std::ostream& out);
+
+/// Writes the choices of NsAlgorithm::automatic in the table file at `path` (every machine:
+/// block key, algorithm, why) or a line saying there are none yet ("" path: no file in use).
+/// Throws InvalidArgument for a malformed file.
+void print_algorithm_choices(std::ostream& out, const std::string& path);
 
 }  // namespace muon::cli

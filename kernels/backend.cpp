@@ -1,10 +1,15 @@
 #include "kernels/backend.hpp"
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstring>
+#include <random>
+#include <string>
 
 #include "core/error.hpp"
 #include "kernels/elementwise.hpp"
+#include "kernels/ns_choice.hpp"
 
 namespace muon {
 namespace {
@@ -21,6 +26,39 @@ void transpose_scaled(const float* src, float* dst, int64_t rows, int64_t cols, 
         for (int64_t j = j0; j < j1; ++j) dst[j * rows + i] = factor * src[i * cols + j];
     }
   }
+}
+
+// Calibration of NsAlgorithm::automatic: each candidate's time for one m x n block of Gaussian
+// values (fixed seed), the least over kRounds interleaved rounds after a warm-up run (workspaces,
+// thread pools); one round and no warm-up above kHeavyCalibrationFlops (a 4096 x 14336 block
+// takes about a minute per run on 2 cores).
+constexpr int kRounds = 3;
+constexpr double kHeavyCalibrationFlops = 2e11;
+
+template <class Run>
+std::vector<NsMeasurement> measure_candidates(const std::vector<NsAlgorithm>& candidates,
+                                              int64_t m, int64_t n,
+                                              const std::vector<NsCoefficients>& coefficients,
+                                              Run&& run) {
+  std::mt19937 gen(2024);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> input(static_cast<size_t>(m * n)), x(input.size());
+  for (auto& v : input) v = normal(gen);
+  const double flops = static_cast<double>(coefficients.size()) *
+                       (4.0 * m * m * n + 2.0 * m * m * m);
+  const bool heavy = flops > kHeavyCalibrationFlops;
+  std::vector<NsMeasurement> out;
+  for (NsAlgorithm a : candidates) out.push_back({a, INFINITY});
+  for (int round = heavy ? 0 : -1; round < (heavy ? 1 : kRounds); ++round) {
+    for (auto& c : out) {
+      std::copy(input.begin(), input.end(), x.begin());
+      const auto t = std::chrono::steady_clock::now();
+      run(c.algorithm, x.data());
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+      if (round >= 0) c.seconds = std::min(c.seconds, std::max(s, 1e-9));
+    }
+  }
+  return out;
 }
 
 bool all_finite(const float* x, int64_t n) {
@@ -63,7 +101,8 @@ bool Backend::orthogonalize(std::string_view matrix_name, const MatrixShape& sha
         transpose_scaled(src, dst, rb, c, 1.0f);
       }
     }
-    newton_schulz_batch(work_.data(), shape.batch, m, k, coefficients, options);
+    newton_schulz_batch(work_.data(), shape.batch, m, k, coefficients,
+                        resolved(options, m, k, coefficients));
     const float factor =
         static_cast<float>(options.extra_scale * scale_factor(options.scale_rule, rb, c));
     for (int64_t b = 0; b < shape.batch; ++b) {
@@ -78,6 +117,34 @@ bool Backend::orthogonalize(std::string_view matrix_name, const MatrixShape& sha
     row0 += rb;
   }
   return true;
+}
+
+OrthogonalizeOptions Backend::resolved(const OrthogonalizeOptions& options, int64_t m, int64_t n,
+                                      const std::vector<NsCoefficients>& coefficients) {
+  if (options.algorithm != NsAlgorithm::automatic) return options;
+  OrthogonalizeOptions o = options;
+  const Precision precision =
+      o.precision == Precision::backend_default ? default_precision() : o.precision;
+  const auto candidates = ns_auto_candidates(name(), precision, o.gram_restart);
+  if (candidates.size() == 1) {
+    o.algorithm = candidates.front();
+    return o;
+  }
+  const std::string key =
+      ns_choice_key(precision, m, n, static_cast<int>(coefficients.size()), o.gram_restart);
+  o.algorithm =
+      NsChoiceTable::process()
+          .choose(machine_key(), key,
+                  [&] {
+                    return measure_candidates(candidates, m, n, coefficients,
+                                              [&](NsAlgorithm a, float* x) {
+                                                OrthogonalizeOptions run = o;
+                                                run.algorithm = a;
+                                                newton_schulz_batch(x, 1, m, n, coefficients, run);
+                                              });
+                  })
+          .algorithm;
+  return o;
 }
 
 bool Backend::muon_update(std::string_view matrix_name, const MatrixShape& shape, const float* grad,

@@ -30,6 +30,11 @@ class Backend {
   virtual std::string_view name() const = 0;
   /// The precision `Precision::backend_default` resolves to here.
   virtual Precision default_precision() const = 0;
+  /// What the speed of this backend's products depends on, as one line: the CPU model and core
+  /// count, the BLAS library and its current thread count (cpu); the GPU model and the cuBLAS
+  /// version (cuda). NsAlgorithm::automatic's choices are cached per this key
+  /// (kernels/ns_choice.hpp).
+  virtual std::string machine_key() const = 0;
 
   /// U = extra_scale * scale_rule(block) * NS(X) for every matrix of the batch and every row
   /// block, each normalized on its own.
@@ -52,12 +57,18 @@ class Backend {
  protected:
   /// Newton-Schulz in place on `count` contiguous wide matrices x[count][rows][cols]
   /// (rows <= cols), each first normalized by its own Frobenius norm per `options.eps_mode`;
-  /// an all-zero matrix stays exactly zero. No scale is applied.
+  /// an all-zero matrix stays exactly zero. No scale is applied. `options.algorithm` is never
+  /// automatic here (orthogonalize resolves it first).
   virtual void newton_schulz_batch(float* x, int64_t count, int64_t rows, int64_t cols,
                                    const std::vector<NsCoefficients>& coefficients,
                                    const OrthogonalizeOptions& options) = 0;
 
  private:
+  /// `options` with NsAlgorithm::automatic replaced by the choice for wide m x n blocks
+  /// (kernels/ns_choice.hpp: cached per machine_key(), measured here when absent).
+  OrthogonalizeOptions resolved(const OrthogonalizeOptions& options, int64_t m, int64_t n,
+                                const std::vector<NsCoefficients>& coefficients);
+
   std::vector<float> work_;  // reused across calls: blocks in wide orientation
 };
 

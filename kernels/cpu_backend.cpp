@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
 
 #include "core/error.hpp"
 #include "transport/bf16.hpp"
@@ -57,6 +60,25 @@ double frobenius_norm(const float* x, int64_t n) {
 
 CpuBackend::CpuBackend(const BackendConfig& config) {
   if (config.cpu_threads > 0) openblas_set_num_threads(config.cpu_threads);
+}
+
+std::string CpuBackend::machine_key() const {
+  // The fixed part once per process (reading /proc/cpuinfo per call would cost more than a small
+  // Newton-Schulz); the thread count as it is now (the in-process reference sets it per update).
+  static const std::string fixed = [] {
+    std::string model = "unknown";
+    std::ifstream cpuinfo("/proc/cpuinfo");
+    for (std::string line; std::getline(cpuinfo, line);) {
+      if (line.rfind("model name", 0) == 0) {
+        const auto colon = line.find(':');
+        if (colon != std::string::npos && colon + 2 <= line.size()) model = line.substr(colon + 2);
+        break;
+      }
+    }
+    return "cpu " + model + " x" + std::to_string(std::thread::hardware_concurrency()) +
+           " openblas " + openblas_get_config();
+  }();
+  return fixed + " threads=" + std::to_string(openblas_get_num_threads());
 }
 
 void CpuBackend::newton_schulz_batch(float* x, int64_t count, int64_t rows, int64_t cols,

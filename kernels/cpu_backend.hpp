@@ -2,6 +2,7 @@
 // present and the oracle every other path is tested against.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "kernels/backend.hpp"
@@ -19,6 +20,8 @@ class CpuBackend final : public Backend {
   explicit CpuBackend(const BackendConfig& config = {});
   std::string_view name() const override { return "cpu"; }
   Precision default_precision() const override { return Precision::fp32; }
+  /// "cpu <model> x<logical cpus> openblas <config> threads=<current count>".
+  std::string machine_key() const override;
 
  protected:
   /// Throws InvalidArgument for Precision::bf16 (bf16 products are CUDA-only);

@@ -3,6 +3,7 @@
 // the device, run DeviceNewtonSchulz on the backend's stream, copy the result and the non-finite
 // flag back, wait. Device buffers, the stream and the cuBLAS handle are created once and reused;
 // buffers only grow.
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <string>
@@ -44,6 +45,18 @@ class CudaBackend final : public Backend {
 
   std::string_view name() const override { return "cuda"; }
   Precision default_precision() const override { return Precision::bf16; }
+  /// "cuda <device name> sm_<major><minor> cublas <version>".
+  std::string machine_key() const override {
+    cudaDeviceProp prop{};
+    MUON_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+    int version = 0;
+    MUON_CUBLAS_CHECK(cublasGetProperty(MAJOR_VERSION, &version));
+    int minor = 0;
+    MUON_CUBLAS_CHECK(cublasGetProperty(MINOR_VERSION, &minor));
+    return std::string("cuda ") + prop.name + " sm_" + std::to_string(prop.major) +
+           std::to_string(prop.minor) + " cublas " + std::to_string(version) + "." +
+           std::to_string(minor);
+  }
 
  protected:
   void newton_schulz_batch(float* x, int64_t count, int64_t rows, int64_t cols,

@@ -121,8 +121,10 @@ struct Named {
 
 constexpr Named<EpsMode> kEpsModes[] = {
     {"scale_invariant", EpsMode::scale_invariant}, {"add", EpsMode::add}, {"clamp", EpsMode::clamp}};
-constexpr Named<NsAlgorithm> kAlgorithms[] = {
-    {"plain", NsAlgorithm::plain}, {"syrk", NsAlgorithm::syrk}, {"gram", NsAlgorithm::gram}};
+constexpr Named<NsAlgorithm> kAlgorithms[] = {{"plain", NsAlgorithm::plain},
+                                              {"syrk", NsAlgorithm::syrk},
+                                              {"gram", NsAlgorithm::gram},
+                                              {"auto", NsAlgorithm::automatic}};
 constexpr Named<Precision> kPrecisions[] = {{"default", Precision::backend_default},
                                             {"fp32", Precision::fp32},
                                             {"bf16", Precision::bf16},
@@ -164,7 +166,7 @@ std::vector<std::string> names_of(const Named<E> (&table)[N]) {
 EpsMode parse_eps_mode(std::string_view name) {
   return parse_named(kEpsModes, name, "eps mode");
 }
-NsAlgorithm default_ns_algorithm() { return NsAlgorithm::plain; }
+NsAlgorithm default_ns_algorithm() { return NsAlgorithm::automatic; }
 
 NsAlgorithm parse_ns_algorithm(std::string_view name) {
   return parse_named(kAlgorithms, name, "Newton-Schulz algorithm");

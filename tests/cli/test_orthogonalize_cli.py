@@ -268,13 +268,35 @@ def check_schedules_and_version():
     assert r.returncode == 0 and "--split" in r.stdout, (r.returncode, r.stdout)
 
 
+def check_auto_choice_is_listed():
+    """The default algorithm (auto) measures plain, syrk and gram on a new block shape once,
+    writes the choice to its table, and `schedules` lists it with the reason; a second run reads
+    the choice and gives the same bits."""
+    table = path("ns-choices.json")
+    os.environ["MUON_OFFLOAD_NS_TABLE"] = table
+    try:
+        g = RNG.standard_normal((36, 52)).astype(np.float32)
+        u1 = orthogonalize(g, "--threads", "1", name="auto1")
+        assert os.path.exists(table), "auto did not write its choice table"
+        u2 = orthogonalize(g, "--threads", "1", name="auto2")
+        assert np.array_equal(u1, u2), "a second process chose differently"
+        assert rel_err(u1, reference(g)) < TOL
+        r = run("schedules")
+        assert r.returncode == 0, r.stderr
+        assert table in r.stdout and "fp32 36x52 steps=5 restart=2" in r.stdout, r.stdout
+        assert "fastest within 3 %" in r.stdout, r.stdout
+    finally:
+        del os.environ["MUON_OFFLOAD_NS_TABLE"]
+
+
 def main():
     global BIN, TMP
     if len(sys.argv) != 2:
         sys.exit("usage: test_orthogonalize_cli.py PATH/TO/muon-offload")
     BIN = os.path.abspath(sys.argv[1])
     checks = [check_matches_reference, check_singular_value_band, check_split, check_scale,
-              check_eps_mode, check_errors, check_schedules_and_version]
+              check_eps_mode, check_errors, check_schedules_and_version,
+              check_auto_choice_is_listed]
     with tempfile.TemporaryDirectory(prefix="muon_cli_test_") as tmp:
         TMP = tmp
         for check in checks:

@@ -1013,6 +1013,7 @@ class RecordingBackend final : public Backend {
  public:
   std::string_view name() const override { return "recording"; }
   Precision default_precision() const override { return Precision::fp32; }
+  std::string machine_key() const override { return "recording"; }
   std::vector<int64_t> counts;  // worker thread only; read after stop()
 
  protected:

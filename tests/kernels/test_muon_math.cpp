@@ -36,6 +36,7 @@ MuonOptions unusual() {
   o.orthogonalize.extra_scale = 0.5;
   o.orthogonalize.row_splits = {4, 2, 2};
   o.orthogonalize.algorithm = NsAlgorithm::gram;
+  o.orthogonalize.gram_restart = 1;
   o.orthogonalize.precision = Precision::bf16;
   o.orthogonalize.nonfinite = NonFinitePolicy::skip;
   return o;
@@ -56,7 +57,7 @@ std::string invalid_message(F&& f) {
 
 TEST(OptionFields, EveryFieldRoundTripsAndDiffersFromItsDefault) {
   const auto fields = muon_option_fields();
-  ASSERT_EQ(fields.size(), 14u);
+  ASSERT_EQ(fields.size(), 15u);
   const json def = options_to_json_object(MuonOptions{});
   const json odd = options_to_json_object(unusual());
   std::set<std::string> names;
@@ -80,6 +81,10 @@ TEST(OptionFields, TheWireRequiresEveryFieldAndIgnoresUnknownKeys) {
   json j = options_to_json_object(unusual());
   j["added_by_a_newer_peer"] = 1;
   EXPECT_EQ(options_from_json_object(j, OptionKeys::all_required).orthogonalize.steps, 8);
+  // gram_restart came later: a peer without it restarts every kDefaultGramRestart steps.
+  j.erase("gram_restart");
+  EXPECT_EQ(options_from_json_object(j, OptionKeys::all_required).orthogonalize.gram_restart,
+            kDefaultGramRestart);
   // coefficients came later: a peer without it runs the schedule.
   j.erase("coefficients");
   EXPECT_TRUE(

@@ -11,6 +11,7 @@
 #include "core/error.hpp"
 #include "kernels/backend.hpp"
 #include "kernels/cpu_backend.hpp"
+#include "kernels/ns_choice.hpp"
 #include "svd_oracle.hpp"
 #include "transport/bf16.hpp"
 
@@ -503,4 +504,45 @@ TEST(CpuNewtonSchulz, GramWithoutRestartLosesWhatTheRestartKeeps) {
   const double unrestarted =
       compare_with_oracle(g.data(), out.data(), r, c, coeffs, o.eps, 1e-2).rel_error;
   EXPECT_GT(unrestarted, 10.0 * plain);
+}
+
+TEST(CpuNewtonSchulz, AutoRunsTheAlgorithmItsTableChoseBitwise) {
+  // The default algorithm is auto; per block shape it runs the choice of the process' table
+  // (measured on first use, or read from the table file), and the bits are exactly that
+  // algorithm's. A tall matrix is chosen for as its wide orientation.
+  EXPECT_EQ(OrthogonalizeOptions{}.algorithm, NsAlgorithm::automatic);
+  auto backend = make_backend("cpu");
+  for (auto [r, c] : {std::pair{40, 96}, std::pair{96, 40}, std::pair{48, 48}}) {
+    auto g = gaussian(size_t(r) * c, 61);
+    std::vector<float> out_auto(g.size()), out_chosen(g.size());
+    OrthogonalizeOptions o;
+    ASSERT_TRUE(backend->orthogonalize("w", {1, r, c}, g.data(), out_auto.data(), o));
+    const std::string key = ns_choice_key(Precision::fp32, std::min(r, c), std::max(r, c), 5,
+                                          kDefaultGramRestart);
+    const NsChoiceTable::Entry* found = nullptr;
+    const auto entries = NsChoiceTable::process().entries();
+    for (const auto& e : entries) {
+      if (e.key == key && e.machine == backend->machine_key()) found = &e;
+    }
+    ASSERT_NE(found, nullptr) << key;
+    EXPECT_FALSE(found->choice.reason.empty());
+    o.algorithm = found->choice.algorithm;
+    ASSERT_TRUE(backend->orthogonalize("w", {1, r, c}, g.data(), out_chosen.data(), o));
+    EXPECT_TRUE(bitwise_equal(out_auto.data(), out_chosen.data(), g.size()))
+        << key << " chose " << ns_algorithm_name(o.algorithm);
+  }
+}
+
+TEST(CpuNewtonSchulz, AutoWithTorchBf16IsPlain) {
+  // torch_bf16 rounds torch's three products per step: auto may only be plain there.
+  auto backend = make_backend("cpu");
+  const int r = 24, c = 40;
+  auto g = gaussian(size_t(r) * c, 62);
+  std::vector<float> out_auto(g.size()), out_plain(g.size());
+  OrthogonalizeOptions o;
+  o.precision = Precision::torch_bf16;
+  ASSERT_TRUE(backend->orthogonalize("w", {1, r, c}, g.data(), out_auto.data(), o));
+  o.algorithm = NsAlgorithm::plain;
+  ASSERT_TRUE(backend->orthogonalize("w", {1, r, c}, g.data(), out_plain.data(), o));
+  EXPECT_TRUE(bitwise_equal(out_auto.data(), out_plain.data(), g.size()));
 }

@@ -1,0 +1,208 @@
+#include "kernels/ns_choice.hpp"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/error.hpp"
+
+namespace muon {
+namespace {
+
+using nlohmann::json;
+
+std::string milliseconds(double seconds) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g ms", seconds * 1e3);
+  return buf;
+}
+
+// An exclusive flock on `path` for the holder's lifetime (none for "").
+class FileLock {
+ public:
+  explicit FileLock(const std::string& path) {
+    if (path.empty()) return;
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) throw InvalidArgument("Newton-Schulz choice table: cannot open lock " + path);
+    while (::flock(fd_, LOCK_EX) != 0) {
+      if (errno != EINTR) {
+        ::close(fd_);
+        throw InvalidArgument("Newton-Schulz choice table: cannot lock " + path);
+      }
+    }
+  }
+  ~FileLock() {
+    if (fd_ >= 0) ::close(fd_);  // releases the lock
+  }
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+json read_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return json{{"version", 1}, {"machines", json::object()}};
+  std::stringstream text;
+  text << in.rdbuf();
+  json j = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("machines") || !j["machines"].is_object()) {
+    throw InvalidArgument("Newton-Schulz choice table " + path +
+                          " is not a table of choices (delete it to measure again)");
+  }
+  return j;
+}
+
+NsChoice choice_from_json(const std::string& path, const json& j) {
+  if (!j.is_object() || !j.contains("algorithm") || !j["algorithm"].is_string()) {
+    throw InvalidArgument("Newton-Schulz choice table " + path + ": an entry has no algorithm");
+  }
+  NsChoice c;
+  c.algorithm = parse_ns_algorithm(j["algorithm"].get<std::string>());
+  if (c.algorithm == NsAlgorithm::automatic) {
+    throw InvalidArgument("Newton-Schulz choice table " + path + ": an entry says auto");
+  }
+  c.reason = j.value("reason", "");
+  return c;
+}
+
+// Writes `j` to `path` atomically (a temporary file renamed over it).
+void write_file(const std::string& path, const json& j) {
+  const std::filesystem::path p(path);
+  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << j.dump(1) << "\n";
+    if (!out) throw InvalidArgument("Newton-Schulz choice table: cannot write " + tmp);
+  }
+  std::filesystem::rename(tmp, path);
+}
+
+}  // namespace
+
+std::vector<NsAlgorithm> ns_auto_candidates(std::string_view backend, Precision precision,
+                                            int gram_restart) {
+  std::vector<NsAlgorithm> out{NsAlgorithm::plain};
+  if (backend != "cpu" || precision == Precision::torch_bf16) return out;
+  out.push_back(NsAlgorithm::syrk);
+  if (precision == Precision::fp32 && gram_restart >= 1 && gram_restart <= 2) {
+    out.push_back(NsAlgorithm::gram);
+  }
+  return out;
+}
+
+NsChoice choose_ns_algorithm(std::span<const NsMeasurement> measured) {
+  if (measured.empty()) throw InvalidArgument("choose_ns_algorithm: no candidate measured");
+  double fastest = INFINITY;
+  for (const auto& m : measured) {
+    if (!(m.seconds > 0.0) || !std::isfinite(m.seconds)) {
+      throw InvalidArgument("choose_ns_algorithm: time of " +
+                            std::string(ns_algorithm_name(m.algorithm)) +
+                            " is not a positive number");
+    }
+    fastest = std::min(fastest, m.seconds);
+  }
+  NsChoice c;
+  std::string times;
+  bool chosen = false;
+  for (const auto& m : measured) {
+    if (!chosen && m.seconds <= fastest * (1.0 + kNsTieTolerance)) {
+      c.algorithm = m.algorithm;
+      chosen = true;
+    }
+    times += (times.empty() ? "" : ", ") + std::string(ns_algorithm_name(m.algorithm)) + " " +
+             milliseconds(m.seconds);
+  }
+  if (measured.size() == 1) {
+    c.reason = "the only candidate meeting the exactness contract here";
+  } else {
+    c.reason = "fastest within 3 % (ties to the earliest of plain, syrk, gram): " + times;
+  }
+  return c;
+}
+
+std::string ns_choice_key(Precision precision, int64_t m, int64_t n, int steps,
+                          int gram_restart) {
+  return std::string(precision_name(precision)) + " " + std::to_string(m) + "x" +
+         std::to_string(n) + " steps=" + std::to_string(steps) +
+         " restart=" + std::to_string(gram_restart);
+}
+
+NsChoiceTable::NsChoiceTable(std::string path) : path_(std::move(path)) {}
+
+NsChoice NsChoiceTable::choose(const std::string& machine, const std::string& key,
+                               const std::function<std::vector<NsMeasurement>()>& measure) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto id = std::make_pair(machine, key);
+  if (auto it = known_.find(id); it != known_.end()) return it->second;
+  FileLock file_lock(path_.empty() ? "" : path_ + ".lock");
+  json table = path_.empty() ? json{} : read_file(path_);
+  if (!path_.empty()) {
+    const json& machines = table["machines"];
+    if (machines.contains(machine) && machines[machine].contains(key)) {
+      return known_[id] = choice_from_json(path_, machines[machine][key]);
+    }
+  }
+  const std::vector<NsMeasurement> measured = measure();
+  NsChoice c = choose_ns_algorithm(measured);
+  if (!path_.empty()) {
+    json seconds = json::object();
+    for (const auto& m : measured) seconds[std::string(ns_algorithm_name(m.algorithm))] = m.seconds;
+    table["machines"][machine][key] = {
+        {"algorithm", ns_algorithm_name(c.algorithm)}, {"reason", c.reason}, {"seconds", seconds}};
+    write_file(path_, table);
+  }
+  return known_[id] = c;
+}
+
+std::vector<NsChoiceTable::Entry> NsChoiceTable::entries() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<Entry> out;
+  for (const auto& [id, c] : known_) out.push_back({id.first, id.second, c});
+  return out;
+}
+
+std::string NsChoiceTable::default_path() {
+  if (const char* p = std::getenv("MUON_OFFLOAD_NS_TABLE")) {
+    const std::string s(p);
+    return s == "none" ? "" : s;
+  }
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg != '\0') {
+    return std::string(xdg) + "/muon-offload/ns-choices.json";
+  }
+  if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0') {
+    return std::string(home) + "/.cache/muon-offload/ns-choices.json";
+  }
+  return "";
+}
+
+NsChoiceTable& NsChoiceTable::process() {
+  static NsChoiceTable table(default_path());
+  return table;
+}
+
+std::vector<NsChoiceTable::Entry> read_ns_choice_file(const std::string& path) {
+  std::vector<NsChoiceTable::Entry> out;
+  if (!std::filesystem::exists(path)) return out;
+  const json table = read_file(path);
+  for (const auto& [machine, keys] : table["machines"].items()) {
+    if (!keys.is_object()) continue;
+    for (const auto& [key, entry] : keys.items()) {
+      out.push_back({machine, key, choice_from_json(path, entry)});
+    }
+  }
+  return out;
+}
+
+}  // namespace muon
