@@ -54,7 +54,11 @@ Engine::Engine(asio::io_context& io, ServerConfig config, std::unique_ptr<Backen
         });
       });
   if (!config_.restore_path.empty()) {
-    auto entries = read_snapshot(config_.restore_path);
+    std::vector<NsChoiceTable::Entry> choices;
+    auto entries = read_snapshot(config_.restore_path, &choices);
+    // The algorithms auto ran before the restart run again (and the in-process reference reads
+    // them from the machine's table): the same bits on resume.
+    NsChoiceTable::process().adopt(choices);
     if (!entries.empty() && common_step(entries) == -2) {
       log()->warn("snapshot {} mixes steps ({}): it was written mid-step; a resume_from_server "
                   "registration that adopts these steps is refused by the client unless asked "

@@ -79,7 +79,8 @@ std::string shape_str(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
-void write_snapshot(const std::string& path, const std::vector<SnapshotEntry>& entries) {
+void write_snapshot(const std::string& path, const std::vector<SnapshotEntry>& entries,
+                    const std::vector<NsChoiceTable::Entry>& ns_choices) {
   // Tensors sorted by name (the safetensors convention); the data follows in the same order.
   std::vector<const SnapshotEntry*> sorted;
   for (const auto& e : entries) sorted.push_back(&e);
@@ -116,6 +117,7 @@ void write_snapshot(const std::string& path, const std::vector<SnapshotEntry>& e
     offset += bytes;
   }
   if (const int64_t s = common_step(entries); s != -2) meta["step"] = std::to_string(s);
+  if (!ns_choices.empty()) meta["ns_choices"] = ns_choices_to_json(ns_choices);
   header["__metadata__"] = meta;
   const std::string text = header.dump();
   unsigned char len[8];
@@ -161,7 +163,8 @@ void write_snapshot(const std::string& path, const std::vector<SnapshotEntry>& e
   }
 }
 
-std::vector<SnapshotEntry> read_snapshot(const std::string& path) {
+std::vector<SnapshotEntry> read_snapshot(const std::string& path,
+                                         std::vector<NsChoiceTable::Entry>* ns_choices) {
   const std::string who = "snapshot '" + path + "'";
   Fd f;
   f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -218,6 +221,15 @@ std::vector<SnapshotEntry> read_snapshot(const std::string& path) {
   if (version == nullptr || *version != kVersion) {
     throw InvalidArgument(who + ": unsupported version '" + (version ? *version : "") +
                           "' (this build reads version " + kVersion + ")");
+  }
+
+  std::vector<NsChoiceTable::Entry> choices;
+  if (const std::string* text = meta_str("ns_choices")) {
+    try {
+      choices = ns_choices_from_json(*text);
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(who + ": bad ns_choices: " + e.message());
+    }
   }
 
   struct Placed {
@@ -321,6 +333,7 @@ std::vector<SnapshotEntry> read_snapshot(const std::string& path) {
     }
     out.push_back(std::move(p.entry));
   }
+  if (ns_choices != nullptr) *ns_choices = std::move(choices);
   return out;
 }
 

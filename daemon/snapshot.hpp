@@ -6,7 +6,11 @@
 //          "__metadata__": {"format": "muon-offload-momentum", "version": "1",
 //                           "step:<name>": "<last applied step>",
 //                           "options:<name>": "<MuonOptions as JSON>",
-//                           "step": "<the step of every entry>"}}  (only when they share one)
+//                           "step": "<the step of every entry>",  (only when they share one)
+//                           "ns_choices": "<the server's auto choices as JSON>"}}
+// ns_choices (kernels/ns_choice.hpp, ns_choices_to_json) carries what NsAlgorithm::automatic ran
+// for each block shape, so a server restored from the file runs the same algorithms (and gives
+// the same bits) even where the machine's choice table is gone; absent in older files.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +18,7 @@
 #include <vector>
 
 #include "kernels/muon_options.hpp"
+#include "kernels/ns_choice.hpp"
 
 namespace muon::daemon {
 
@@ -26,15 +31,19 @@ struct SnapshotEntry {
   std::vector<float> momentum;  ///< fp32, product(shape) values
 };
 
-/// Writes all entries atomically to `path` (the file is complete and fsynced, or untouched).
-/// Throws muon::Error naming the path and the OS error.
-void write_snapshot(const std::string& path, const std::vector<SnapshotEntry>& entries);
+/// Writes all entries (and `ns_choices`, the auto choices to keep with them) atomically to `path`
+/// (the file is complete and fsynced, or untouched). Throws muon::Error naming the path and the
+/// OS error.
+void write_snapshot(const std::string& path, const std::vector<SnapshotEntry>& entries,
+                    const std::vector<NsChoiceTable::Entry>& ns_choices = {});
 
 /// Reads a snapshot written by write_snapshot. Throws muon::InvalidArgument naming the path and
 /// what is wrong for: a missing file, a truncated file, a header that is not valid JSON, a
 /// dtype other than F32, data offsets that do not match the shape or lie past the end, a
-/// missing format tag or step.
-std::vector<SnapshotEntry> read_snapshot(const std::string& path);
+/// missing format tag or step, malformed ns_choices. The auto choices stored with the entries go
+/// to `*ns_choices` when given (empty for a file without them).
+std::vector<SnapshotEntry> read_snapshot(const std::string& path,
+                                         std::vector<NsChoiceTable::Entry>* ns_choices = nullptr);
 
 /// The step every entry holds, or -2 when they differ (also for no entries: -2 is never a step).
 int64_t common_step(const std::vector<SnapshotEntry>& entries);

@@ -51,7 +51,8 @@ void SnapshotWriter::run() {
     std::string error;
     int64_t step = -2;
     try {
-      write_snapshot(job.path, job.entries);
+      // With the choices auto made (kernels/ns_choice.hpp; the table is thread-safe).
+      write_snapshot(job.path, job.entries, NsChoiceTable::process().entries());
       step = common_step(job.entries);
     } catch (const Error& e) {
       error = e.message();

@@ -166,6 +166,26 @@ NsChoice NsChoiceTable::choose(const std::string& machine, const std::string& ke
   return known_[id] = c;
 }
 
+void NsChoiceTable::adopt(const std::vector<Entry>& choices) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<const Entry*> fresh;
+  for (const auto& e : choices) {
+    if (known_.emplace(std::make_pair(e.machine, e.key), e.choice).second) fresh.push_back(&e);
+  }
+  if (path_.empty() || fresh.empty()) return;
+  FileLock file_lock(path_ + ".lock");
+  json table = read_file(path_);
+  bool changed = false;
+  for (const Entry* e : fresh) {
+    json& machine = table["machines"][e->machine];
+    if (machine.contains(e->key)) continue;
+    machine[e->key] = {{"algorithm", ns_algorithm_name(e->choice.algorithm)},
+                       {"reason", e->choice.reason}};
+    changed = true;
+  }
+  if (changed) write_file(path_, table);
+}
+
 std::vector<NsChoiceTable::Entry> NsChoiceTable::entries() const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<Entry> out;
@@ -201,6 +221,32 @@ std::vector<NsChoiceTable::Entry> read_ns_choice_file(const std::string& path) {
     for (const auto& [key, entry] : keys.items()) {
       out.push_back({machine, key, choice_from_json(path, entry)});
     }
+  }
+  return out;
+}
+
+std::string ns_choices_to_json(const std::vector<NsChoiceTable::Entry>& choices) {
+  json a = json::array();
+  for (const auto& e : choices) {
+    a.push_back({{"machine", e.machine},
+                 {"key", e.key},
+                 {"algorithm", ns_algorithm_name(e.choice.algorithm)},
+                 {"reason", e.choice.reason}});
+  }
+  return a.dump();
+}
+
+std::vector<NsChoiceTable::Entry> ns_choices_from_json(const std::string& text) {
+  const json a = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!a.is_array()) throw InvalidArgument("Newton-Schulz choices: not a JSON array");
+  std::vector<NsChoiceTable::Entry> out;
+  for (const auto& j : a) {
+    if (!j.is_object() || !j.contains("machine") || !j["machine"].is_string() ||
+        !j.contains("key") || !j["key"].is_string()) {
+      throw InvalidArgument("Newton-Schulz choices: an entry lacks machine or key");
+    }
+    out.push_back({j["machine"].get<std::string>(), j["key"].get<std::string>(),
+                   choice_from_json("(choices)", j)});
   }
   return out;
 }

@@ -86,6 +86,13 @@ class NsChoiceTable {
   };
   std::vector<Entry> entries() const;
 
+  /// Takes choices made before (a restored snapshot's): each one this process has not made yet
+  /// becomes this process' choice for its (machine, key), and is written to the file where the
+  /// file has none for it, so the other processes of the machine (the in-process reference) read
+  /// it too. A choice the file holds otherwise stays in the file (never changed); this process
+  /// still runs the adopted one. Throws InvalidArgument for a malformed file.
+  void adopt(const std::vector<Entry>& choices);
+
   const std::string& path() const { return path_; }
 
   /// The process' table: at $MUON_OFFLOAD_NS_TABLE when set ("" or "none": memory only), else
@@ -101,8 +108,13 @@ class NsChoiceTable {
 };
 
 /// The choices in the table file at `path` (every machine), in file order; empty when the file
-/// does not exist. For `muon-offload schedules --choices`. Throws InvalidArgument for a
-/// malformed file.
+/// does not exist. For `muon-offload schedules`. Throws InvalidArgument for a malformed file.
 std::vector<NsChoiceTable::Entry> read_ns_choice_file(const std::string& path);
+
+/// Choices as JSON text, [{"machine", "key", "algorithm", "reason"}, ...] (a snapshot's
+/// metadata), and back. The reader throws InvalidArgument for malformed text or an algorithm
+/// that is not plain, syrk or gram.
+std::string ns_choices_to_json(const std::vector<NsChoiceTable::Entry>& choices);
+std::vector<NsChoiceTable::Entry> ns_choices_from_json(const std::string& text);
 
 }  // namespace muon

@@ -139,7 +139,7 @@ void Engine::write_final_snapshot() {
                 "is refused unless it adopts each parameter's own step",
                 config_.snapshot_path, describe_steps(entries));
   }
-  write_snapshot(config_.snapshot_path, entries);
+  write_snapshot(config_.snapshot_path, entries, NsChoiceTable::process().entries());
   last_snapshot_path_ = config_.snapshot_path;
   last_snapshot_time_ = std::chrono::system_clock::now();
   log()->info("final snapshot of {} parameter(s) written to {}", entries.size(),

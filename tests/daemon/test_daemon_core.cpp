@@ -855,6 +855,60 @@ TEST_F(SnapshotTest, WriterWritesInOrderOffTheCallersThreadAndSaysSo) {
   EXPECT_NE(outcomes[2].find("no-such-dir"), std::string::npos) << outcomes[2];
 }
 
+TEST_F(SnapshotTest, AutoChoicesTravelWithTheSnapshotAndAreAdoptedOnRestore) {
+  // What auto ran is stored with the momentum; a restored server adopts it (and writes it to
+  // the machine's table where that has none), so it runs the same algorithm as before.
+  const std::vector<NsChoiceTable::Entry> choices = {
+      {"cpu test-machine threads=2", "fp32 768x3072 steps=5 restart=2",
+       {NsAlgorithm::gram, "fastest within 3 %: plain 80 ms, syrk 65 ms, gram 50 ms"}},
+      {"cpu test-machine threads=2", "fp32 768x768 steps=5 restart=2",
+       {NsAlgorithm::syrk, "fastest within 3 %"}}};
+  const auto p = path("state.safetensors");
+  write_snapshot(p, sample_entries(), choices);
+  std::vector<NsChoiceTable::Entry> back;
+  EXPECT_EQ(read_snapshot(p, &back).size(), 3u);
+  ASSERT_EQ(back.size(), 2u);
+  for (size_t i = 0; i < back.size(); ++i) {
+    EXPECT_EQ(back[i].machine, choices[i].machine);
+    EXPECT_EQ(back[i].key, choices[i].key);
+    EXPECT_EQ(back[i].choice.algorithm, choices[i].choice.algorithm);
+    EXPECT_EQ(back[i].choice.reason, choices[i].choice.reason);
+  }
+  // A file without choices (older servers) reads as none.
+  write_snapshot(p, sample_entries());
+  EXPECT_EQ(read_snapshot(p, &back).size(), 3u);
+  EXPECT_TRUE(back.empty());
+
+  // Adopting: the table's file gains the choices it lacks; one it holds stays, but this process
+  // runs the adopted one.
+  const auto table_path = path("ns-choices.json");
+  {
+    NsChoiceTable other(table_path);
+    other.choose(choices[1].machine, choices[1].key, [] {
+      return std::vector<NsMeasurement>{{NsAlgorithm::plain, 1.0}, {NsAlgorithm::syrk, 2.0}};
+    });
+  }
+  NsChoiceTable table(table_path);
+  table.adopt(choices);
+  bool measured = false;
+  const auto no_measure = [&] {
+    measured = true;
+    return std::vector<NsMeasurement>{{NsAlgorithm::plain, 1.0}};
+  };
+  EXPECT_EQ(table.choose(choices[0].machine, choices[0].key, no_measure).algorithm,
+            NsAlgorithm::gram);
+  EXPECT_EQ(table.choose(choices[1].machine, choices[1].key, no_measure).algorithm,
+            NsAlgorithm::syrk);
+  EXPECT_FALSE(measured);
+  const auto file = read_ns_choice_file(table_path);
+  ASSERT_EQ(file.size(), 2u);
+  for (const auto& e : file) {
+    EXPECT_EQ(e.choice.algorithm,
+              e.key == choices[0].key ? NsAlgorithm::gram : NsAlgorithm::plain)
+        << e.key;
+  }
+}
+
 TEST_F(SnapshotTest, FileHasTheSafetensorsLayout) {
   const auto entries = sample_entries();
   const auto p = path("state.safetensors");

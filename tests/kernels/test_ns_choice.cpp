@@ -136,3 +136,20 @@ TEST(NsChoiceTable, AMalformedFileIsAnErrorNamingIt) {
   std::ofstream(tmp.path, std::ios::trunc) << R"({"machines": {"m": {"k": {"algorithm": "auto"}}}})";
   EXPECT_THROW(read_ns_choice_file(tmp.path), InvalidArgument);
 }
+
+TEST(NsChoiceTable, ChoicesRoundTripAsJsonAndBadTextIsRefused) {
+  const std::vector<NsChoiceTable::Entry> choices = {
+      {"m1", "fp32 8x16 steps=5 restart=2", {NsAlgorithm::syrk, "why"}},
+      {"m2", "fp32 4x4 steps=5 restart=2", {NsAlgorithm::gram, ""}}};
+  const auto back = ns_choices_from_json(ns_choices_to_json(choices));
+  ASSERT_EQ(back.size(), 2u);
+  EXPECT_EQ(back[0].machine, "m1");
+  EXPECT_EQ(back[0].choice.algorithm, NsAlgorithm::syrk);
+  EXPECT_EQ(back[0].choice.reason, "why");
+  EXPECT_EQ(back[1].key, "fp32 4x4 steps=5 restart=2");
+  EXPECT_EQ(back[1].choice.algorithm, NsAlgorithm::gram);
+  EXPECT_THROW(ns_choices_from_json("{"), InvalidArgument);
+  EXPECT_THROW(ns_choices_from_json(R"([{"machine": "m"}])"), InvalidArgument);
+  EXPECT_THROW(ns_choices_from_json(R"([{"machine": "m", "key": "k", "algorithm": "fast"}])"),
+               InvalidArgument);
+}
