@@ -18,7 +18,7 @@ installed packages that g++ depends on) and the CUDA toolkit's libraries (torch'
                        spdlog, fmt, prometheus-cpp, gfortran, ...), under the names they are NEEDED by.
   prebuilt.tar.xz      build-gpu-prebuilt/: the Release sm_90 build of the target muon_gpu_check (what
                        scripts/gpu_check.sh runs) less its objects (executables and
-                       shared libraries stripped, CTest's files). It was configured at
+                       shared libraries stripped of debug sections, CTest's files). It was configured at
                        /tmp/muon-offload-gpu/build-gpu-prebuilt, /tmp/muon-offload-gpu being a link to
                        the repo, so tests find each other by their compiled-in paths once
                        scripts/gpu_check.sh makes the same link there.
@@ -383,9 +383,11 @@ def build_deps(build_dir: Path, pk: Packages, libs: dict[str, dict]) -> tuple[di
 
 
 def strip_copy(src: Path) -> bytes:
+    """The ELF file less its debug sections. The symbol table stays: client_library_dependencies
+    reads it with nm (the CUDA and NCCL entry points must be the client's own local functions)."""
     tmp = Path("/tmp") / f"gpu_bundle_strip_{os.getpid()}"
     shutil.copyfile(src, tmp)
-    subprocess.run(["strip", "--strip-unneeded", str(tmp)], check=True)
+    subprocess.run(["strip", "--strip-debug", str(tmp)], check=True)
     data = tmp.read_bytes()
     tmp.unlink()
     return data

@@ -66,7 +66,14 @@ def side_by_side(server, steps=STEPS, ours_kw=None, **kw):
     gradients (:func:`lockstep`); returns the max relative parameter difference over the steps.
     Closes its optimizer (its rank 0 session), so that the next one can connect."""
     ref, mine = make_model(), make_model()
-    t_opt = torch.optim.Muon(ref.parameters(), **kw)
+    try:
+        t_opt = torch.optim.Muon(ref.parameters(), **kw)
+    except ValueError as e:
+        # An lr rule newer than this torch (spectral_unclamped came with 2.15; 2.9 is the oldest
+        # supported): nothing to compare with here, ours is still tested on a torch that has it.
+        if kw.get("adjust_lr_fn") and "not supported" in str(e):
+            pytest.skip(f"torch {torch.__version__}: {e}")
+        raise
     o_opt = Muon(mine.parameters(), servers=[server.socket], **dict(kw, **(ours_kw or {})))
     worst = lockstep(ref, t_opt, mine, o_opt, range(steps))
     o_opt.close()
