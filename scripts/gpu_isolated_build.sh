@@ -78,8 +78,8 @@ in_root() {
       done < <(find "$CUDA/include" "$CUDA/lib" -maxdepth 1 -name "*nccl*")
     fi
     cp -L /etc/resolv.conf "$R/etc/resolv.conf"
-    # Any machine (the GPU machine's image too) has /etc/hosts: without it "localhost" does not
-    # resolve and torchrun's rendezvous store cannot be reached.
+    # Every machine (the image of the GPU machine too) has /etc/hosts: without it localhost does not
+    # resolve and the rendezvous store of torchrun cannot be reached.
     cp -L /etc/hosts "$R/etc/hosts"
     cp -L /etc/ssl/certs/ca-certificates.crt "$R/etc/ssl/certs/host-ca.crt"
     exec chroot "$R" /usr/bin/env -i HOME=/root TERM=dumb LANG=C.UTF-8 \
