@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -26,17 +27,29 @@ std::string milliseconds(double seconds) {
   return buf;
 }
 
-// An exclusive flock on `path` for the holder's lifetime (none for "").
+constexpr const char* kWhereInstead =
+    " (set MUON_OFFLOAD_NS_TABLE to a writable file, or to 'none' to keep auto's choices in "
+    "memory, per process)";
+
+// An exclusive flock on `path` for the holder's lifetime (none for ""); creates its folder.
 class FileLock {
  public:
   explicit FileLock(const std::string& path) {
     if (path.empty()) return;
+    const std::filesystem::path p(path);
+    std::error_code ec;
+    if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path(), ec);
     fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd_ < 0) throw InvalidArgument("Newton-Schulz choice table: cannot open lock " + path);
+    if (fd_ < 0) {
+      throw InvalidArgument("Newton-Schulz choice table: cannot open its lock " + path + ": " +
+                            std::strerror(errno) + kWhereInstead);
+    }
     while (::flock(fd_, LOCK_EX) != 0) {
       if (errno != EINTR) {
+        const int err = errno;
         ::close(fd_);
-        throw InvalidArgument("Newton-Schulz choice table: cannot lock " + path);
+        throw InvalidArgument("Newton-Schulz choice table: cannot lock " + path + ": " +
+                              std::strerror(err) + kWhereInstead);
       }
     }
   }
@@ -76,17 +89,20 @@ NsChoice choice_from_json(const std::string& path, const json& j) {
   return c;
 }
 
-// Writes `j` to `path` atomically (a temporary file renamed over it).
+// Writes `j` to `path` atomically (a temporary file renamed over it; FileLock made the folder).
 void write_file(const std::string& path, const json& j) {
-  const std::filesystem::path p(path);
-  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   {
     std::ofstream out(tmp, std::ios::trunc);
     out << j.dump(1) << "\n";
-    if (!out) throw InvalidArgument("Newton-Schulz choice table: cannot write " + tmp);
+    if (!out) throw InvalidArgument("Newton-Schulz choice table: cannot write " + tmp + kWhereInstead);
   }
-  std::filesystem::rename(tmp, path);
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::filesystem::remove(tmp, ec);
+    throw InvalidArgument("Newton-Schulz choice table: cannot replace " + path + kWhereInstead);
+  }
 }
 
 }  // namespace

@@ -153,3 +153,27 @@ TEST(NsChoiceTable, ChoicesRoundTripAsJsonAndBadTextIsRefused) {
   EXPECT_THROW(ns_choices_from_json(R"([{"machine": "m", "key": "k", "algorithm": "fast"}])"),
                InvalidArgument);
 }
+
+TEST(NsChoiceTable, AMissingFolderIsMadeAndAnUnwritableOneIsAClearError) {
+  // A fresh machine has no ~/.cache/muon-offload yet: the table makes its folder.
+  TempTable tmp;
+  const auto dir = std::filesystem::path(tmp.path).replace_extension("") / "nested";
+  const std::string path = (dir / "ns-choices.json").string();
+  {
+    NsChoiceTable table(path);
+    EXPECT_EQ(table.choose("m", "k", [] { return times(0.01, 0.02, 0.03); }).algorithm,
+              NsAlgorithm::plain);
+  }
+  EXPECT_EQ(read_ns_choice_file(path).size(), 1u);
+  std::filesystem::remove_all(dir.parent_path());
+  // A folder that cannot be made (under a regular file): the message names the file and says
+  // what to do instead.
+  std::ofstream(tmp.path) << "x";
+  NsChoiceTable bad(tmp.path + "/sub/ns-choices.json");
+  try {
+    bad.choose("m", "k", [] { return times(0.01, 0.02, 0.03); });
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("MUON_OFFLOAD_NS_TABLE"), std::string::npos) << e.what();
+  }
+}
