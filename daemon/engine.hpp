@@ -206,6 +206,7 @@ class Engine {
   std::optional<PeriodicSnapshot> periodic_;
   /// Periodic snapshots skipped because the writer was behind (warned about once).
   int64_t skipped_periodic_ = 0;
+  int64_t skipped_step_ = -1;  ///< the last step whose periodic snapshot was skipped
   std::string last_snapshot_path_;
   std::optional<std::chrono::system_clock::time_point> last_snapshot_time_;
   std::string metrics_url_;

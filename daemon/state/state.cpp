@@ -69,6 +69,7 @@ void Engine::collect_periodic(const std::string& name, Param& p) {
   const int64_t every = config_.snapshot_every, step = p.last_step();
   if (every <= 0 || step < 0 || (step + 1) % every != 0 || !p.role->keeps_momentum_here()) return;
   if (periodic_ && periodic_->step > step) return;  // this parameter is behind: not in that one
+  if (step == skipped_step_) return;                  // a step skipped (below)
   if (periodic_ && periodic_->step < step) {
     // Some parameter never got to the older step (it took no gradient, or registered late).
     log()->warn("periodic snapshot of step {} abandoned: {} of the parameters had it when '{}' "
@@ -79,7 +80,9 @@ void Engine::collect_periodic(const std::string& name, Param& p) {
   }
   if (!periodic_) {
     if (writer_->waiting() > 0) {
-      // The disk is slower than N steps: one snapshot written, one waiting, no more copies.
+      // The disk is slower than N steps: one snapshot written, one waiting, no more copies; the
+      // whole step is skipped (its other parameters too).
+      skipped_step_ = step;
       if (skipped_periodic_++ == 0) {
         log()->warn("periodic snapshot of step {} skipped: the one before is still waiting to be "
                     "written (the disk is slower than --snapshot-every {} steps; a crash now "

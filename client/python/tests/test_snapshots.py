@@ -2,7 +2,9 @@
 a mix of steps: real servers (SIGKILL for a crash, SIGTERM for a stop), the resume paths."""
 import copy
 import json
+import os
 import struct
+import time
 
 import pytest
 import torch
@@ -46,7 +48,12 @@ def test_periodic_snapshot_one_step_and_a_crash_says_what_it_lost(server_factory
     train(m, opt, 4)  # steps 0-3: periodic snapshots after steps 1 and 3
     ckpt = copy.deepcopy({"model": m.state_dict(), "opt": opt.state_dict()})
     momentum = {opt._meta[p].name: opt.momentum_buffer(p) for p in opt._muon_params}
-    train(m, opt, 1, start=4)  # step 4: lost by the crash
+    # The snapshot of step 3 is written off the io thread: wait until it is on disk.
+    give_up = time.monotonic() + 120
+    while not os.path.exists(snap) or snapshot_steps(snap).get("step") != "3":
+        assert time.monotonic() < give_up, "the periodic snapshot of step 3 never appeared"
+        time.sleep(0.01)
+    train(m, opt, 1, start=4)  # step 4: lost by the crash (no snapshot is due after it)
     s.kill()  # SIGKILL: a crash, no final snapshot
     steps = snapshot_steps(snap)
     names = [k for k in steps if k.startswith("step:")]
