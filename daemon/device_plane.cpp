@@ -14,7 +14,6 @@
 
 #include "core/cuda_check.hpp"
 #include "core/error.hpp"
-#include "daemon/device_event.hpp"
 #include "daemon/nccl_session.hpp"
 #include "daemon/scheduler.hpp"
 #include "daemon/step/param_storage.hpp"
@@ -22,6 +21,7 @@
 #include "daemon/step_reducer.hpp"
 #include "kernels/device_buffer.hpp"
 #include "kernels/device_convert.hpp"
+#include "kernels/device_event.hpp"
 #include "kernels/device_muon.hpp"
 #include "kernels/device_probe.hpp"
 #include "kernels/tile_reduce.hpp"
@@ -52,21 +52,82 @@ class DeviceSessionRings {
   std::shared_ptr<NcclSession> nccl;  // null on the cuda_ipc plane (daemon/nccl_session.hpp)
 };
 
+// Threads the plane starts and joins, never detached: the finished ones are joined when the next
+// one starts, the rest by join_all (~DevicePlane), after which start() refuses (the caller then
+// runs the work itself). So none outlives the plane, nor the Engine and io_context that the
+// work's callbacks post to.
+class OwnedThreads {
+ public:
+  /// Runs `work` on a new thread; false (nothing started) once join_all ran.
+  bool start(std::function<void()> work) {
+    join_finished();
+    auto finished = std::make_shared<std::atomic<bool>>(false);
+    std::lock_guard lock(mu_);
+    if (closed_) return false;
+    threads_.push_back({std::thread([work = std::move(work), finished] {
+                          work();
+                          *finished = true;
+                        }),
+                        finished});
+    return true;
+  }
+  void join_finished() {
+    std::vector<Owned> done;
+    {
+      std::lock_guard lock(mu_);
+      for (auto it = threads_.begin(); it != threads_.end();) {
+        if (it->finished->load()) {
+          done.push_back(std::move(*it));
+          it = threads_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (auto& t : done) t.thread.join();
+  }
+  /// Joins every thread (each ends within its own deadline) and refuses new ones.
+  void join_all() {
+    std::vector<Owned> all;
+    {
+      std::lock_guard lock(mu_);
+      closed_ = true;
+      all.swap(threads_);
+    }
+    for (auto& t : all) t.thread.join();
+  }
+
+ private:
+  struct Owned {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> finished;
+  };
+  std::mutex mu_;
+  std::vector<Owned> threads_;
+  bool closed_ = false;
+};
+
 void DeviceParamStateDeleter::operator()(DeviceParamState* p) const noexcept {
   delete p;
 }
 void DeviceSessionRingsDeleter::operator()(DeviceSessionRings* p) const noexcept {
-  if (p != nullptr && p->nccl) {
-    // Off the io thread, communicators first: destroying them ends (aborts, after a dead peer)
-    // the transfers still queued into the rings, which cudaFree would otherwise wait for.
-    std::thread([p] {
-      cudaSetDevice(nccl_session_device(*p->nccl));
-      p->nccl.reset();
-      delete p;
-    }).detach();
+  if (p == nullptr) return;
+  if (!p->nccl) {
+    delete p;
     return;
   }
-  delete p;
+  // Off the io thread, communicators first: destroying them ends (aborts, after a dead peer)
+  // the transfers still queued into the rings, which cudaFree would otherwise wait for.
+  auto teardown = [p] {
+    cudaSetDevice(nccl_session_device(*p->nccl));
+    p->nccl.reset();
+    delete p;
+  };
+  try {
+    if (teardowns && teardowns->start(teardown)) return;
+  } catch (const std::exception&) {  // no thread to be had: do it here
+  }
+  teardown();
 }
 
 struct DevicePlane::Impl {
@@ -87,31 +148,10 @@ struct DevicePlane::Impl {
   DeviceStream staging;  // host chunks into result slots (send_host)
   DeviceMuon muon;       // the worker thread's only
 
-  // The NCCL joining threads (join_nccl): owned, never detached, so that none outlives the
-  // plane (and the Engine and io_context its callbacks post to). Finished ones are joined when
-  // the next join starts; the rest in ~DevicePlane, each within its join timeout.
-  struct Joiner {
-    std::thread thread;
-    std::shared_ptr<std::atomic<bool>> finished;
-  };
-  std::mutex joiners_mu;  // joiners: the io thread adds, ~DevicePlane drains
-  std::vector<Joiner> joiners;
-  void join_finished_joiners() {
-    std::lock_guard lock(joiners_mu);
-    std::erase_if(joiners, [](Joiner& j) {
-      if (!j.finished->load()) return false;
-      j.thread.join();
-      return true;
-    });
-  }
-  void join_all_joiners() {
-    std::vector<Joiner> all;
-    {
-      std::lock_guard lock(joiners_mu);
-      all.swap(joiners);
-    }
-    for (auto& j : all) j.thread.join();
-  }
+  // The NCCL joining threads (join_nccl; each within its join timeout) and the nccl sessions'
+  // teardown threads (each within NCCL's finalize deadline), joined in ~DevicePlane.
+  OwnedThreads joiners;
+  std::shared_ptr<OwnedThreads> teardowns = std::make_shared<OwnedThreads>();
 };
 
 namespace {
@@ -176,7 +216,8 @@ DevicePlane::DevicePlane(const DevicePlaneConfig& config) : config_(config) {
 
 DevicePlane::~DevicePlane() {
   if (impl_) {
-    impl_->join_all_joiners();  // before the sync: a join's warm-up transfers end with it
+    impl_->joiners.join_all();     // before the sync: a join's warm-up transfers end with it
+    impl_->teardowns->join_all();  // sessions' communicators, then their rings
     MUON_CUDA_CHECK_NOTHROW(cudaSetDevice(config_.device));
     MUON_CUDA_CHECK_NOTHROW(cudaDeviceSynchronize());  // nothing queued may outlive its buffers
   }
@@ -446,7 +487,7 @@ DeviceRingsPtr DevicePlane::make_session_rings(uint32_t tx_slots, uint32_t rx_sl
                                                uint64_t slot_bytes) {
   MUON_CUDA_CHECK(cudaSetDevice(config_.device));
   return DeviceRingsPtr(new DeviceSessionRings(tx_slots, rx_slots, slot_bytes),
-                        DeviceSessionRingsDeleter{});
+                        DeviceSessionRingsDeleter{impl_->teardowns});
 }
 
 const transport::DeviceRingDescriptor& DevicePlane::tx_descriptor(const DeviceSessionRings& r) {
@@ -470,6 +511,18 @@ void DevicePlane::end_receive(DeviceSessionRings& rings, uint32_t slot) {
   rings.tx.mark_free(slot, impl_->receive.get());
 }
 
+bool DevicePlane::tx_slot_written(const DeviceSessionRings& rings, uint32_t slot) {
+  if (rings.nccl) return true;
+  MUON_CUDA_CHECK(cudaSetDevice(config_.device));
+  return rings.tx.ready_reached(slot);
+}
+
+bool DevicePlane::rx_slot_read(const DeviceSessionRings& rings, uint32_t slot) {
+  if (rings.nccl) return true;
+  MUON_CUDA_CHECK(cudaSetDevice(config_.device));
+  return rings.rx.free_reached(slot);
+}
+
 void DevicePlane::read_tx_slot(DeviceSessionRings& rings, uint32_t slot, void* out, size_t bytes) {
   if (bytes > rings.tx.slot_bytes()) throw InvalidArgument("read past a receive slot");
   MUON_CUDA_CHECK(cudaSetDevice(config_.device));
@@ -479,9 +532,9 @@ void DevicePlane::read_tx_slot(DeviceSessionRings& rings, uint32_t slot, void* o
   impl_->host.synchronize();
 }
 
-void DevicePlane::send_update(DeviceSessionRings& rings, uint32_t slot,
-                              const DeviceParamState& param, int64_t offset, int64_t count,
-                              transport::DType dtype) {
+DevicePlane::SlotSend DevicePlane::send_update(DeviceSessionRings& rings, uint32_t slot,
+                                               const DeviceParamState& param, int64_t offset,
+                                               int64_t count, transport::DType dtype) {
   const size_t bytes = static_cast<size_t>(count) * transport::dtype_bytes(dtype);
   if (offset < 0 || count < 0 || offset + count > param.numel || bytes > rings.rx.slot_bytes()) {
     throw InvalidArgument("update chunk [" + std::to_string(offset) + ", " +
@@ -490,8 +543,8 @@ void DevicePlane::send_update(DeviceSessionRings& rings, uint32_t slot,
   MUON_CUDA_CHECK(cudaSetDevice(config_.device));
   const float* src = param.update.as<float>() + offset;
   if (rings.nccl) {  // the client posts the matching ncclRecv when the update frame arrives
-    nccl_send_update(*rings.nccl, rings.rx, slot, src, count, dtype, impl_->ret.get());
-    return;
+    nccl_stage_update(*rings.nccl, rings.rx, slot, src, count, dtype, impl_->ret.get());
+    return slot_send(rings, slot, bytes, dtype);
   }
   const auto stream = impl_->ret.get();
   rings.rx.wait_free(slot, stream);
@@ -502,10 +555,22 @@ void DevicePlane::send_update(DeviceSessionRings& rings, uint32_t slot,
     narrow_to_bf16_device(src, static_cast<uint16_t*>(rings.rx.slot(slot)), count, stream);
   }
   rings.rx.mark_ready(slot, stream);
+  return {};
 }
 
-void DevicePlane::send_host(DeviceSessionRings& rings, uint32_t slot, const void* data,
-                            size_t bytes, transport::DType dtype) {
+DevicePlane::SlotSend DevicePlane::slot_send(DeviceSessionRings& rings, uint32_t slot, size_t bytes,
+                                             transport::DType dtype) {
+  // Holds the session's NCCL state, not the rings' owner: a session closed before its frame
+  // was written drops this unrun (Session::finish).
+  return [device = config_.device, n = rings.nccl, &rx = rings.rx, slot, bytes, dtype] {
+    MUON_CUDA_CHECK(cudaSetDevice(device));
+    nccl_send_slot(*n, rx, slot, bytes, dtype);
+  };
+}
+
+DevicePlane::SlotSend DevicePlane::send_host(DeviceSessionRings& rings, uint32_t slot,
+                                             const void* data, size_t bytes,
+                                             transport::DType dtype) {
   if (bytes > rings.rx.slot_bytes()) throw InvalidArgument("host chunk larger than a result slot");
   MUON_CUDA_CHECK(cudaSetDevice(config_.device));
   // The copy from pageable memory runs on a stream of its own and is waited for here (so
@@ -519,8 +584,8 @@ void DevicePlane::send_host(DeviceSessionRings& rings, uint32_t slot, const void
       cudaMemcpyAsync(rings.rx.slot(slot), data, bytes, cudaMemcpyHostToDevice, staging));
   rings.rx.mark_ready(slot, staging);
   impl_->staging.synchronize();
-  // nccl: then sent from the slot on the session's send stream.
-  if (rings.nccl) nccl_send_slot(*rings.nccl, rings.rx, slot, bytes, dtype);
+  // nccl: then sent from the slot on the session's send stream, once the frame is out.
+  return rings.nccl ? slot_send(rings, slot, bytes, dtype) : SlotSend{};
 }
 
 DeviceRingsPtr DevicePlane::make_nccl_session(uint32_t tx_slots, uint32_t rx_slots,
@@ -542,19 +607,15 @@ void DevicePlane::join_nccl(const DeviceRingsPtr& rings, std::chrono::millisecon
   if (!rings || !rings->nccl) throw InvalidArgument("not an nccl session");
   // The thread holds the NCCL state, not the rings: a session closed meanwhile frees its rings;
   // the communicators go when the thread is done with them.
-  impl_->join_finished_joiners();
-  auto finished = std::make_shared<std::atomic<bool>>(false);
-  std::thread thread([n = rings->nccl, timeout, done = std::move(done), finished] {
+  const bool started = impl_->joiners.start([n = rings->nccl, timeout, done = std::move(done)] {
     try {
       join_nccl_session(*n, timeout);
       done("");
     } catch (const std::exception& e) {
       done(e.what());
     }
-    *finished = true;
   });
-  std::lock_guard lock(impl_->joiners_mu);
-  impl_->joiners.push_back({std::move(thread), std::move(finished)});
+  if (!started) throw InvalidArgument("the GPU data plane is shutting down");
 }
 
 void DevicePlane::updates_enqueued(DeviceParamState& param) {

@@ -50,11 +50,11 @@ struct NsJob;
 
 /// Start-up settings of the GPU data plane (flags of muon-offloadd).
 struct DevicePlaneConfig {
-  int device = 0;                                    ///< CUDA device ordinal
+  int device = 0;  ///< CUDA device ordinal
   /// Of the compute stream (--stream-priority); the copy streams run at the device's greatest
   /// priority, the NCCL streams at the default.
   StreamPriority priority = StreamPriority::normal;
-  bool capture_graphs = false;                       ///< CUDA graphs per shape (--cuda-graphs)
+  bool capture_graphs = false;  ///< CUDA graphs per shape (--cuda-graphs)
 };
 
 /// A parameter's device buffers and events (opaque; made by DevicePlane::make_param).
@@ -62,11 +62,17 @@ class DeviceParamState;
 /// A session's exported rings (opaque; made by DevicePlane::make_session_rings).
 class DeviceSessionRings;
 
+/// Threads a DevicePlane starts and joins (opaque; device_plane.cpp).
+class OwnedThreads;
+
 /// Releases what DevicePlane made; usable as unique_ptr/shared_ptr deleters.
 struct DeviceParamStateDeleter {
   void operator()(DeviceParamState* p) const noexcept;
 };
+/// An nccl session's rings go on a teardown thread of their plane (communicators first), which
+/// ~DevicePlane joins; once the plane is gone, on the calling thread.
 struct DeviceSessionRingsDeleter {
+  std::shared_ptr<OwnedThreads> teardowns;
   void operator()(DeviceSessionRings* p) const noexcept;
 };
 using DeviceParamPtr = std::unique_ptr<DeviceParamState, DeviceParamStateDeleter>;
@@ -128,17 +134,31 @@ class DevicePlane {
                             transport::DType dtype);
   /// Records the slot's free event after the work enqueued since begin_receive.
   void end_receive(DeviceSessionRings& rings, uint32_t slot);
+  /// cuda_ipc: whether the client's copy into tx slot `slot` (its ready event), or out of rx
+  /// slot `slot` (its free event), is done on the GPU (cudaEventQuery; never waits), for
+  /// Session::gate_frames: the streams here then never wait on a client's event that may never
+  /// come (gpu-review F2). True on the nccl plane (its events are this process' own). Throws
+  /// InvalidArgument (slot out of range), DeviceError.
+  bool tx_slot_written(const DeviceSessionRings& rings, uint32_t slot);
+  bool rx_slot_read(const DeviceSessionRings& rings, uint32_t slot);
   /// Copies `bytes` of tx slot `slot` to host memory (blocking; momentum loads).
   void read_tx_slot(DeviceSessionRings& rings, uint32_t slot, void* out, size_t bytes);
+  /// What follows the update frame that announces a result slot, once the frame is written
+  /// (Session::AfterFrame): on the nccl plane the slot's ncclSend, posted only then, so that no
+  /// send spins on the GPU for a frame the io thread has not written (gpu-review F1); empty on
+  /// the cuda_ipc plane (the client copies the slot after the frame).
+  using SlotSend = std::function<void()>;
   /// On the return stream: waits rx slot `slot`'s free event, writes update[offset, offset +
   /// count) of `param` into it as `dtype` (bf16: narrowed as transport::f32_to_bf16), records the
-  /// slot's ready event. Returns without waiting.
-  void send_update(DeviceSessionRings& rings, uint32_t slot, const DeviceParamState& param,
-                   int64_t offset, int64_t count, transport::DType dtype);
+  /// slot's ready event. Returns without waiting. nccl: the copy (or narrowing) runs on the
+  /// session's send stream, which the return stream then waits for; the returned SlotSend sends
+  /// the slot. Throws InvalidArgument (a chunk that does not fit), DeviceError.
+  SlotSend send_update(DeviceSessionRings& rings, uint32_t slot, const DeviceParamState& param,
+                       int64_t offset, int64_t count, transport::DType dtype);
   /// The same for host bytes (chunks that waited for a credit, momentum of state_fetch) of
   /// elements of `dtype`: copied before it returns, so `data` may go.
-  void send_host(DeviceSessionRings& rings, uint32_t slot, const void* data, size_t bytes,
-                 transport::DType dtype);
+  SlotSend send_host(DeviceSessionRings& rings, uint32_t slot, const void* data, size_t bytes,
+                     transport::DType dtype);
   // ---- sessions on the nccl plane (io thread) -----------------------------------------------
   /// Rings as above (local to this process) plus two fresh ncclUniqueIds: tx (gradients, client
   /// -> server) and rx (updates). Throws BackendUnavailable when the build has no NCCL.
@@ -159,6 +179,10 @@ class DevicePlane {
   void updates_enqueued(DeviceParamState& param);
 
  private:
+  /// nccl: the SlotSend of `bytes` of rx slot `slot`. It refers to the rings, which the Session
+  /// holds until it is closed; a Session runs it only while open.
+  SlotSend slot_send(DeviceSessionRings& rings, uint32_t slot, size_t bytes,
+                     transport::DType dtype);
   /// `floats` fp32 values between host and device memory on the host stream, waited for.
   void copy_blocking(void* dst, const void* src, int64_t floats);
   struct Impl;

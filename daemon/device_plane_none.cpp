@@ -76,14 +76,22 @@ const void* DevicePlane::begin_receive(DeviceSessionRings&, uint32_t, int64_t, t
 void DevicePlane::end_receive(DeviceSessionRings&, uint32_t) {
   unavailable();
 }
+bool DevicePlane::tx_slot_written(const DeviceSessionRings&, uint32_t) {
+  unavailable();
+}
+bool DevicePlane::rx_slot_read(const DeviceSessionRings&, uint32_t) {
+  unavailable();
+}
 void DevicePlane::read_tx_slot(DeviceSessionRings&, uint32_t, void*, size_t) {
   unavailable();
 }
-void DevicePlane::send_update(DeviceSessionRings&, uint32_t, const DeviceParamState&, int64_t,
-                              int64_t, transport::DType) {
+DevicePlane::SlotSend DevicePlane::send_update(DeviceSessionRings&, uint32_t,
+                                               const DeviceParamState&, int64_t, int64_t,
+                                               transport::DType) {
   unavailable();
 }
-void DevicePlane::send_host(DeviceSessionRings&, uint32_t, const void*, size_t, transport::DType) {
+DevicePlane::SlotSend DevicePlane::send_host(DeviceSessionRings&, uint32_t, const void*, size_t,
+                                             transport::DType) {
   unavailable();
 }
 DeviceRingsPtr DevicePlane::make_nccl_session(uint32_t, uint32_t, uint64_t) {

@@ -7,9 +7,9 @@
 
 #include "core/cuda_check.hpp"
 #include "core/error.hpp"
-#include "daemon/device_event.hpp"
 #include "kernels/device_buffer.hpp"
 #include "kernels/device_convert.hpp"
+#include "kernels/device_event.hpp"
 #include "transport/cuda_ipc.hpp"
 #include "transport/nccl_comm.hpp"
 
@@ -22,7 +22,7 @@ class NcclSession {
   int device = 0;
   transport::NcclIdBytes tx_id{}, rx_id{};
   std::unique_ptr<DeviceStream> recv_stream, send_stream;
-  OwnedEvent sent;      // the last transfer of send_stream, for the return stream to wait on
+  OwnedEvent sent;      // the last copy into a result slot, for the return stream to wait on
   DeviceBuffer warmup;  // 2 floats for the warm-up transfers (allocated with the session: a
                         // cudaFree on the joining thread would wait for every session's kernels)
   std::atomic<bool> ready{false};
@@ -84,18 +84,21 @@ void nccl_receive(NcclSession& session, transport::DeviceRing& tx, uint32_t slot
   tx.mark_ready(slot, stream);
 }
 
-void nccl_send_update(NcclSession& session, transport::DeviceRing& rx, uint32_t slot,
-                      const float* src, int64_t count, DType dtype, StreamHandle ret) {
+void nccl_stage_update(NcclSession& session, transport::DeviceRing& rx, uint32_t slot,
+                       const float* src, int64_t count, DType dtype, StreamHandle ret) {
   auto& n = session.joined();
   const auto stream = n.send_stream->get();
-  transport::SendTile tile{src, static_cast<size_t>(count), DType::f32};
-  if (dtype == DType::bf16) {  // narrowed into the (local) result slot first
+  // After the slot's previous send (this stream). One copy more than sending from `src`
+  // directly, so that the send can wait for its frame while the next step may already
+  // overwrite the update.
+  if (dtype == DType::bf16) {
     narrow_to_bf16_device(src, static_cast<uint16_t*>(rx.slot(slot)), count, stream);
-    tile = {rx.slot(slot), static_cast<size_t>(count), DType::bf16};
+  } else {
+    MUON_CUDA_CHECK(cudaMemcpyAsync(rx.slot(slot), src, static_cast<size_t>(count) * sizeof(float),
+                                    cudaMemcpyDeviceToDevice, stream));
   }
-  n.rx_comm->send(1, {&tile, 1}, stream);
-  rx.mark_free(slot, stream);  // a later host chunk may overwrite the slot after this
-  // The next step may overwrite the update once this send is done (updates_enqueued).
+  rx.mark_ready(slot, stream);
+  // The next step may overwrite the update once this copy is done (updates_enqueued).
   MUON_CUDA_CHECK(cudaEventRecord(n.sent.e, stream));
   MUON_CUDA_CHECK(cudaStreamWaitEvent(ret, n.sent.e, 0));
 }

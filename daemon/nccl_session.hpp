@@ -46,13 +46,15 @@ void join_nccl_session(NcclSession& n, std::chrono::milliseconds timeout);
 /// event. Throws InvalidArgument before the join finished.
 void nccl_receive(NcclSession& n, transport::DeviceRing& tx, uint32_t slot, int64_t count,
                   DType dtype);
-/// Sends `count` fp32 elements of the update at `src` (device memory) to the client as `dtype`
-/// (bf16: narrowed into rx slot `slot` first); the next step may overwrite `src` once `ret`
-/// passed the send (ret waits for it). Throws InvalidArgument before the join finished.
-void nccl_send_update(NcclSession& n, transport::DeviceRing& rx, uint32_t slot, const float* src,
-                      int64_t count, DType dtype, StreamHandle ret);
+/// Copies `count` fp32 elements of the update at `src` (device memory) into rx slot `slot` as
+/// `dtype` (bf16: narrowed) on the session's send stream and records the slot's ready event; the
+/// next step may overwrite `src` once `ret` passed the copy (ret waits for it). The slot is sent
+/// with nccl_send_slot once its update frame is written (gpu-review F1). Throws InvalidArgument
+/// before the join finished.
+void nccl_stage_update(NcclSession& n, transport::DeviceRing& rx, uint32_t slot, const float* src,
+                       int64_t count, DType dtype, StreamHandle ret);
 /// Sends the `bytes` of rx slot `slot` (elements of `dtype`, put there once its ready event is
-/// recorded) to the client. Throws InvalidArgument before the join finished.
+/// recorded) to the client, on the send stream. Throws InvalidArgument before the join finished.
 void nccl_send_slot(NcclSession& n, transport::DeviceRing& rx, uint32_t slot, size_t bytes,
                     DType dtype);
 

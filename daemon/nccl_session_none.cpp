@@ -29,8 +29,8 @@ void join_nccl_session(NcclSession&, std::chrono::milliseconds) {
 void nccl_receive(NcclSession&, transport::DeviceRing&, uint32_t, int64_t, DType) {
   unavailable();
 }
-void nccl_send_update(NcclSession&, transport::DeviceRing&, uint32_t, const float*, int64_t, DType,
-                      StreamHandle) {
+void nccl_stage_update(NcclSession&, transport::DeviceRing&, uint32_t, const float*, int64_t, DType,
+                       StreamHandle) {
   unavailable();
 }
 void nccl_send_slot(NcclSession&, transport::DeviceRing&, uint32_t, size_t, DType) {

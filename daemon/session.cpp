@@ -40,15 +40,58 @@ void Session::read_more() {
 }
 
 bool Session::deliver(Frame frame) {
-  // While the data plane is held, a push (its bytes arrive through a transfer the data plane
-  // cannot post yet) and every frame after it wait, in order, for set_data_plane_ready().
-  if (!data_plane_ready_ &&
-      (!held_frames_.empty() || frame.type == static_cast<uint16_t>(MessageType::push))) {
+  // A frame that must wait, and every frame after it, is held, in order: while the data plane is
+  // held, a push (its bytes arrive through a transfer the data plane cannot post yet); while the
+  // gate refuses it, a frame whose slot the client's GPU has not finished with.
+  if (!held_frames_.empty() || must_hold(frame)) {
     held_frames_.push_back(std::move(frame));
+    if (data_plane_ready_) poll_gate();
     return true;
   }
   on_frame_(shared_from_this(), std::move(frame));
   return !closed_ && !closing_;
+}
+
+bool Session::must_hold(const Frame& frame) {
+  if (!data_plane_ready_) return frame.type == static_cast<uint16_t>(MessageType::push);
+  if (!gate_) return false;
+  try {
+    return !gate_(frame);
+  } catch (const std::exception&) {
+    return false;  // the handler says what is wrong with it
+  }
+}
+
+void Session::gate_frames(FrameGate gate) {
+  gate_ = std::move(gate);
+}
+
+void Session::release_held() {
+  while (!held_frames_.empty() && !closed_ && !closing_) {
+    if (must_hold(held_frames_.front())) {
+      if (data_plane_ready_) poll_gate();
+      return;
+    }
+    Frame frame = std::move(held_frames_.front());
+    held_frames_.pop_front();
+    on_frame_(shared_from_this(), std::move(frame));
+  }
+}
+
+void Session::poll_gate() {
+  if (gate_polling_ || closed_) return;
+  if (!gate_timer_) gate_timer_ = std::make_unique<asio::steady_timer>(socket_.get_executor());
+  gate_polling_ = true;
+  gate_timer_->expires_after(kGatePoll);
+  gate_timer_->async_wait([self = shared_from_this()](boost::system::error_code ec) {
+    self->gate_polling_ = false;
+    if (ec || self->closed_) return;
+    try {
+      self->release_held();
+    } catch (const transport::ProtocolError& e) {
+      self->protocol_failed(e);
+    }
+  });
 }
 
 void Session::protocol_failed(const transport::ProtocolError& e) {
@@ -57,10 +100,12 @@ void Session::protocol_failed(const transport::ProtocolError& e) {
   close(e.message());
 }
 
-void Session::send(MessageType type, const std::string& payload, uint32_t request_id) {
+void Session::send(MessageType type, const std::string& payload, uint32_t request_id,
+                   AfterFrame after) {
   if (closed_) return;
   write_queue_.push_back(
-      transport::encode_frame(Frame{static_cast<uint16_t>(type), request_id, payload}));
+      {transport::encode_frame(Frame{static_cast<uint16_t>(type), request_id, payload}),
+       std::move(after)});
   if (!writing_) write_next();
 }
 
@@ -76,13 +121,22 @@ void Session::write_next() {
   }
   writing_ = true;
   auto self = shared_from_this();
-  asio::async_write(socket_, asio::buffer(write_queue_.front()),
+  asio::async_write(socket_, asio::buffer(write_queue_.front().bytes),
                     [self](boost::system::error_code ec, size_t) {
                       if (self->closed_) return;
+                      AfterFrame after = std::move(self->write_queue_.front().after);
                       self->write_queue_.pop_front();
                       if (ec) {
                         self->finish("write failed: " + ec.message());
                         return;
+                      }
+                      // The frame is in the socket: the transfer it announces may start.
+                      if (after && !self->closing_) {
+                        try {
+                          after();
+                        } catch (const std::exception& e) {
+                          self->data_plane_failed(e.what());
+                        }
                       }
                       self->write_next();
                     });
@@ -94,23 +148,17 @@ void Session::send_chunk(transport::Update msg, std::vector<std::byte> data) {
   flush_chunks();
 }
 
-void Session::use_device_rings(DeviceRingsPtr rings, uint32_t rx_slots, RxWriter writer,
-                               bool frame_first) {
+void Session::use_device_rings(DeviceRingsPtr rings, uint32_t rx_slots, RxWriter writer) {
   device_rings = std::move(rings);
   device_rx_slots_ = rx_slots;
   rx_writer_ = std::move(writer);
-  frame_first_ = frame_first;
 }
 
 void Session::set_data_plane_ready() {
   data_plane_ready_ = true;
   flush_chunks();
-  auto held = std::move(held_frames_);
-  held_frames_.clear();
   try {
-    for (auto& frame : held) {
-      if (closed_ || !deliver(std::move(frame))) return;
-    }
+    release_held();
   } catch (const transport::ProtocolError& e) {
     protocol_failed(e);
   }
@@ -127,25 +175,32 @@ std::optional<uint32_t> Session::free_rx_slot() {
   return std::nullopt;  // no credit: wait for an update_ack
 }
 
-bool Session::send_chunk_direct(transport::Update msg,
-                                const std::function<void(uint32_t slot)>& write) {
+bool Session::announce(transport::Update& msg, uint32_t slot,
+                       const std::function<AfterFrame()>& write) {
+  rx_busy_[slot] = true;
+  msg.slot = slot;
+  AfterFrame after;
+  try {
+    after = write();
+  } catch (const std::exception& e) {
+    data_plane_failed(e.what());
+    return false;
+  }
+  send(MessageType::update, transport::encode(msg), 0, std::move(after));
+  return true;
+}
+
+bool Session::send_chunk_direct(transport::Update msg, const SlotWrite& write) {
   if (closed_) return true;
   if (!pending_.empty()) return false;  // chunks go out in order
   const auto slot = free_rx_slot();
   if (!slot) return false;
-  rx_busy_[*slot] = true;
-  msg.slot = *slot;
-  try {
-    if (!frame_first_) write(*slot);
-    send(MessageType::update, transport::encode(msg));
-    if (frame_first_) write(*slot);
-  } catch (const std::exception& e) {
-    data_plane_failed(e.what());
-  }
+  announce(msg, *slot, [&] { return write(*slot); });
   return true;
 }
 
 void Session::data_plane_failed(const std::string& what) {
+  if (closing_ || closed_) return;  // already ending (a later transfer failing the same way)
   // The client may already wait for bytes that will never come: end the session, say why.
   send_error({"data_plane", "the session's data plane failed: " + what, "", -1, rank});
   close("data plane failed: " + what);
@@ -158,23 +213,12 @@ void Session::flush_chunks() {
     if (!slot) return;
     auto [msg, data] = std::move(pending_.front());
     pending_.pop_front();
-    rx_busy_[*slot] = true;
-    msg.slot = *slot;
-    const auto write = [&] {
-      if (rx_writer_) {
-        rx_writer_(*slot, msg, data);
-      } else {
-        std::memcpy(segment->rx_slot(*slot), data.data(), data.size());
-      }
-    };
-    try {
-      if (!frame_first_) write();
-      send(MessageType::update, transport::encode(msg));
-      if (frame_first_) write();
-    } catch (const std::exception& e) {
-      data_plane_failed(e.what());
-      return;
-    }
+    const bool written = announce(msg, *slot, [&]() -> AfterFrame {
+      if (rx_writer_) return rx_writer_(*slot, msg, data);
+      std::memcpy(segment->rx_slot(*slot), data.data(), data.size());
+      return {};
+    });
+    if (!written) return;
   }
 }
 
@@ -203,6 +247,8 @@ void Session::finish(const std::string& why) {
   pending_.clear();
   held_frames_.clear();
   write_queue_.clear();
+  if (gate_timer_) gate_timer_->cancel();
+  gate_ = nullptr;
   if (segment) transport::ShmSegment::remove(segment->name());  // in case the client never mapped
   on_close_(shared_from_this(), why);
   segment.reset();  // unmap: the kernel frees the pages once the client unmapped too

@@ -5,6 +5,7 @@
 #include "transport/asio.hpp"
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -33,30 +34,41 @@ class Session : public std::enable_shared_from_this<Session> {
 
   /// Starts reading. Call once, on the io thread.
   void start();
-  /// Queues a frame for sending (io thread only).
-  void send(transport::MessageType type, const std::string& payload, uint32_t request_id = 0);
+  /// What must follow a frame once it is written to the socket (io thread): on the nccl plane
+  /// the ncclSend of the result slot the frame announces. Empty: nothing.
+  using AfterFrame = std::function<void()>;
+  /// Queues a frame for sending (io thread only); `after` runs on the io thread once the frame's
+  /// bytes are in the socket (never when the session closes first, or is closing: the client
+  /// will not take the transfer then). An `after` that throws ends the session as a failed data
+  /// plane (data_plane_failed).
+  void send(transport::MessageType type, const std::string& payload, uint32_t request_id = 0,
+            AfterFrame after = {});
   /// Sends an error message (io thread only).
   void send_error(const transport::ErrorMsg& error, uint32_t request_id = 0);
   /// Queues an update chunk: copied into a free rx slot and announced with an `update` frame as
   /// soon as a slot is free (credit-based flow control). `data` holds msg.count elements.
   void send_chunk(transport::Update msg, std::vector<std::byte> data);
-  /// Writes an update chunk straight into a free rx slot with `write(slot)` (the GPU data plane's
-  /// device-to-device copy) and announces it, when a slot is free and no chunk is waiting;
-  /// returns false otherwise (send the chunk's bytes with send_chunk then). True also when the
-  /// session is closed (the chunk is dropped, as send_chunk drops it) or the write failed (the
-  /// session then sends an error frame and closes: the client may be waiting for the bytes).
-  bool send_chunk_direct(transport::Update msg, const std::function<void(uint32_t slot)>& write);
+  /// Writes a chunk into result slot `slot` (the GPU data plane: a device-to-device copy or a
+  /// host-to-device one, its ready event recorded) and returns what must follow the update frame
+  /// that announces it (nccl: the slot's ncclSend; cuda_ipc: nothing, the client copies the slot
+  /// itself after the frame). Throws DeviceError.
+  using SlotWrite = std::function<AfterFrame(uint32_t slot)>;
+  /// Writes an update chunk straight into a free rx slot with `write(slot)` and announces it,
+  /// when a slot is free and no chunk is waiting; returns false otherwise (send the chunk's bytes
+  /// with send_chunk then). True also when the session is closed (the chunk is dropped, as
+  /// send_chunk drops it) or the write failed (the session then sends an error frame and closes:
+  /// the client may be waiting for the bytes). Every plane: the write first, then the frame,
+  /// then what the write returned, once the frame is out (gpu-review F1: an NCCL send posted
+  /// before its frame is written spins on the GPU until the client reads the frame, and any
+  /// device-wide synchronization on this io thread in between would wait for it forever).
+  bool send_chunk_direct(transport::Update msg, const SlotWrite& write);
   /// Writes the bytes of chunks that waited for a credit into an rx slot (set for sessions whose
-  /// rings are not host shared memory).
-  using RxWriter = std::function<void(uint32_t slot, const transport::Update& msg,
-                                      const std::vector<std::byte>& data)>;
+  /// rings are not host shared memory); returns what follows the frame, as SlotWrite.
+  using RxWriter = std::function<AfterFrame(uint32_t slot, const transport::Update& msg,
+                                            const std::vector<std::byte>& data)>;
   /// Makes this a GPU data plane session: its rings are `rings` (rx_slots result slots), chunks
-  /// queued by send_chunk are written with `writer`. `frame_first`: announce a chunk before
-  /// writing it (nccl: the client posts its receive when the frame arrives, and the first send
-  /// of a communicator cannot complete before that); otherwise the write (its ready event
-  /// recorded) comes first, so that the frame never reaches the client before the event.
-  void use_device_rings(DeviceRingsPtr rings, uint32_t rx_slots, RxWriter writer,
-                        bool frame_first = false);
+  /// queued by send_chunk are written with `writer`.
+  void use_device_rings(DeviceRingsPtr rings, uint32_t rx_slots, RxWriter writer);
   /// A client returned rx slot `slot` (update_ack). Throws ProtocolError for a slot not in use.
   void release_rx_slot(uint32_t slot);
   /// Closes the connection after flushing queued frames; the close handler runs once.
@@ -87,6 +99,17 @@ class Session : public std::enable_shared_from_this<Session> {
   /// Marks the data plane usable, writes the chunks that waited for it and hands the held frames
   /// to the frame handler, in order (io thread).
   void set_data_plane_ready();
+  /// Whether a frame may be handled now; false holds it, and every frame after it, in order.
+  using FrameGate = std::function<bool(const transport::Frame&)>;
+  /// Holds frames the gate refuses until it accepts them, asking again every kGatePoll on the io
+  /// thread. The cuda_ipc plane's gate refuses a push until the client's copy into its slot is
+  /// done, and an update_ack until the client's copy out of its slot is (cudaEventQuery on the
+  /// slot's event): so the server's streams never wait on an event of a client on the GPU, where
+  /// a client that dies before its copy ran would wedge them, and with them every session and
+  /// the next cudaFree of the whole server (gpu-review F2). A gate that throws is taken as yes
+  /// (the handler then reports what is wrong with the frame).
+  void gate_frames(FrameGate gate);
+  static constexpr std::chrono::microseconds kGatePoll{20};
   std::string client_name;
   std::optional<transport::ShmSegment> segment;
   /// The session's exported device rings (cuda_ipc data plane); null for shm sessions.
@@ -96,16 +119,27 @@ class Session : public std::enable_shared_from_this<Session> {
 
  private:
   void read_more();
-  /// Hands `frame` to the frame handler, or holds it (hold_data_plane). False once the session
-  /// is closing. Throws what the handler throws.
+  /// Hands `frame` to the frame handler, or holds it (hold_data_plane, gate_frames). False once
+  /// the session is closing. Throws what the handler throws.
   bool deliver(transport::Frame frame);
+  /// Whether `frame` must wait (the data plane held, or the gate says no).
+  bool must_hold(const transport::Frame& frame);
+  /// Hands the held frames over, in order, while the data plane is ready and the gate accepts
+  /// the first; arms the gate's poll when it does not. Throws what the handler throws.
+  void release_held();
+  /// Asks the gate again after kGatePoll (one poll armed at a time).
+  void poll_gate();
   void protocol_failed(const transport::ProtocolError& e);
   void write_next();
   void flush_chunks();
-  /// A write into a result slot failed (a CUDA or NCCL error): error frame, then close.
+  /// A write into a result slot, or the transfer after its frame, failed (a CUDA or NCCL
+  /// error): error frame, then close.
   void data_plane_failed(const std::string& what);
   /// A free rx slot, or nullopt (sizes rx_busy_ on first use).
   std::optional<uint32_t> free_rx_slot();
+  /// Takes `slot` for `msg`: `write()` fills it, then the update frame goes out with what the
+  /// write returned to follow it. False when the write threw (the session is failing).
+  bool announce(transport::Update& msg, uint32_t slot, const std::function<AfterFrame()>& write);
   void finish(const std::string& why);
 
   Socket socket_;
@@ -114,7 +148,11 @@ class Session : public std::enable_shared_from_this<Session> {
   CloseHandler on_close_;
   transport::FrameDecoder decoder_;
   std::array<std::byte, 64 * 1024> read_buf_{};
-  std::deque<std::vector<std::byte>> write_queue_;
+  struct Outgoing {
+    std::vector<std::byte> bytes;
+    AfterFrame after;
+  };
+  std::deque<Outgoing> write_queue_;
   bool writing_ = false;
   bool closing_ = false;
   bool closed_ = false;
@@ -122,10 +160,12 @@ class Session : public std::enable_shared_from_this<Session> {
   std::vector<bool> rx_busy_;
   uint32_t device_rx_slots_ = 0;
   RxWriter rx_writer_;
-  bool frame_first_ = false;
   bool data_plane_ready_ = true;
   std::deque<std::pair<transport::Update, std::vector<std::byte>>> pending_;
-  std::deque<transport::Frame> held_frames_;  // while the data plane is held
+  std::deque<transport::Frame> held_frames_;  // while the data plane is held or the gate says no
+  FrameGate gate_;
+  std::unique_ptr<boost::asio::steady_timer> gate_timer_;
+  bool gate_polling_ = false;
 };
 
 }  // namespace muon::daemon

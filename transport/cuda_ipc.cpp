@@ -139,6 +139,27 @@ void SlotEvents::wait_free(uint64_t slot, StreamHandle stream) const {
   MUON_CUDA_CHECK(cudaStreamWaitEvent(stream, free_[slot], 0));
 }
 
+namespace {
+
+bool reached(cudaEvent_t e) {
+  const cudaError_t q = cudaEventQuery(e);
+  if (q == cudaErrorNotReady) return false;
+  MUON_CUDA_CHECK(q);
+  return true;
+}
+
+}  // namespace
+
+bool SlotEvents::ready_reached(uint64_t slot) const {
+  check_slot(slot);
+  return reached(ready_[slot]);
+}
+
+bool SlotEvents::free_reached(uint64_t slot) const {
+  check_slot(slot);
+  return reached(free_[slot]);
+}
+
 void SlotEvents::destroy_events() noexcept {
   for (auto* list : {&ready_, &free_}) {
     for (cudaEvent_t e : *list) MUON_CUDA_CHECK_NOTHROW(cudaEventDestroy(e));

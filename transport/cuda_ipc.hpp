@@ -68,6 +68,11 @@ class SlotEvents {
   void wait_ready(uint64_t slot, StreamHandle stream) const;
   void mark_free(uint64_t slot, StreamHandle stream) const;
   void wait_free(uint64_t slot, StreamHandle stream) const;
+  /// Whether the GPU has passed the slot's latest ready (free) record, whichever process made it
+  /// (cudaEventQuery; never waits; true for an event never recorded). Throws InvalidArgument
+  /// for a slot out of range, DeviceError when CUDA fails.
+  bool ready_reached(uint64_t slot) const;
+  bool free_reached(uint64_t slot) const;
 
  protected:
   SlotEvents() = default;

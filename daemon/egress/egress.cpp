@@ -68,7 +68,7 @@ void Engine::send_update(const std::string& name, Param& p, NsJob& job) {
         const size_t bytes = static_cast<size_t>(count) * esize;
         metrics_.chunk_returned(transport::ChunkKind::gradient, bytes);
         if (device != nullptr && s->device_rings && s->send_chunk_direct(u, [&](uint32_t slot) {
-              device_->send_update(*s->device_rings, slot, *device, off, count, dt);
+              return device_->send_update(*s->device_rings, slot, *device, off, count, dt);
             })) {
           continue;
         }

@@ -50,14 +50,13 @@ bool Engine::open_data_plane(const SessionPtr& s, const transport::Hello& m, tra
       return false;
     }
     // Chunks that waited for a credit: their element size says their dtype (2: bf16).
-    s->use_device_rings(
-        rings, l.rx_slots,
-        [dev = device_.get(), rings](uint32_t slot, const transport::Update& u,
-                                     const std::vector<std::byte>& d) {
-          const bool bf16 = d.size() == 2 * static_cast<size_t>(u.count);
-          dev->send_host(*rings, slot, d.data(), d.size(), bf16 ? DType::bf16 : DType::f32);
-        },
-        m.data_plane == transport::DataPlane::nccl);
+    s->use_device_rings(rings, l.rx_slots,
+                        [dev = device_.get(), rings](uint32_t slot, const transport::Update& u,
+                                                     const std::vector<std::byte>& d) {
+                          const bool bf16 = d.size() == 2 * static_cast<size_t>(u.count);
+                          return dev->send_host(*rings, slot, d.data(), d.size(),
+                                                bf16 ? DType::bf16 : DType::f32);
+                        });
     ok.data_plane = m.data_plane;
     if (m.data_plane == transport::DataPlane::nccl) {
       s->nccl = true;
@@ -88,6 +87,19 @@ bool Engine::open_data_plane(const SessionPtr& s, const transport::Hello& m, tra
     } else {
       ok.tx_ring = DevicePlane::tx_descriptor(*rings);
       ok.rx_ring = DevicePlane::rx_descriptor(*rings);
+      // A push is handled once the client's copy into its slot is done on the GPU, an
+      // update_ack once its copy out is: no stream of this server waits on a client's event
+      // (a client that dies first would wedge it; gpu-review F2). Held, in order, meanwhile.
+      DeviceSessionRings* r = rings.get();  // the session holds the rings while it gates
+      s->gate_frames([dev = device_.get(), r](const Frame& f) {
+        if (f.type == static_cast<uint16_t>(MessageType::push)) {
+          return dev->tx_slot_written(*r, transport::decode<transport::Push>(f.payload).slot);
+        }
+        if (f.type == static_cast<uint16_t>(MessageType::update_ack)) {
+          return dev->rx_slot_read(*r, transport::decode<transport::SlotAck>(f.payload).slot);
+        }
+        return true;
+      });
     }
   } else {
     s->segment.emplace(transport::ShmSegment::create(config_.layout));

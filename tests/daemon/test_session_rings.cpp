@@ -47,6 +47,38 @@ struct Peer {
   }
 };
 
+// A real Session on one end of a socket pair; the test holds the other end.
+struct SessionOnPair {
+  SessionOnPair(Session::FrameHandler on_frame, Session::CloseHandler on_close) {
+    asio::local::stream_protocol::socket server_side(io);
+    asio::local::connect_pair(server_side, client_side);
+    session = std::make_shared<Session>(Session::Socket(std::move(server_side)), 1,
+                                        std::move(on_frame), std::move(on_close));
+  }
+  asio::io_context io;
+  asio::local::stream_protocol::socket client_side{io};
+  std::shared_ptr<Session> session;
+};
+
+using Handled = std::vector<std::pair<uint16_t, uint32_t>>;  // (type, request id), in order
+
+// A frame handler that records what it is handed.
+Session::FrameHandler recording(Handled& handled) {
+  return
+      [&handled](const auto&, transport::Frame f) { handled.emplace_back(f.type, f.request_id); };
+}
+
+// Writes a frame of `type` (empty JSON payload) as a client would.
+void send_frame(asio::local::stream_protocol::socket& s, transport::MessageType type,
+                uint32_t request) {
+  const auto bytes = transport::encode_frame({static_cast<uint16_t>(type), request, "{}"});
+  asio::write(s, asio::buffer(bytes));
+}
+
+std::pair<uint16_t, uint32_t> typed(transport::MessageType type, uint32_t request) {
+  return {static_cast<uint16_t>(type), request};
+}
+
 transport::Update chunk(int64_t offset) {
   transport::Update u;
   u.name = "w";
@@ -59,12 +91,8 @@ transport::Update chunk(int64_t offset) {
 }  // namespace
 
 TEST(SessionRings, DirectWhileCreditsLastThenQueuedBytesInOrderThroughTheWriter) {
-  asio::io_context io;
-  asio::local::stream_protocol::socket server_side(io), client_side(io);
-  asio::local::connect_pair(server_side, client_side);
-  auto session = std::make_shared<Session>(
-      Session::Socket(std::move(server_side)), 1, [](const auto&, transport::Frame) {},
-      [](const auto&, const std::string&) {});
+  SessionOnPair pair([](const auto&, transport::Frame) {}, [](const auto&, const std::string&) {});
+  auto& [io, client_side, session] = pair;
   std::map<uint32_t, std::vector<std::byte>> written;  // what the writer put in each slot
   std::vector<uint32_t> writes;
   session->use_device_rings(
@@ -73,9 +101,13 @@ TEST(SessionRings, DirectWhileCreditsLastThenQueuedBytesInOrderThroughTheWriter)
         EXPECT_EQ(data.size(), static_cast<size_t>(u.count) * 4);
         written[slot] = data;
         writes.push_back(slot);
+        return Session::AfterFrame{};
       });
   std::vector<uint32_t> direct;
-  const auto write_direct = [&](uint32_t slot) { direct.push_back(slot); };
+  const auto write_direct = [&](uint32_t slot) {
+    direct.push_back(slot);
+    return Session::AfterFrame{};
+  };
   // Two credits: two chunks go straight to slots 0 and 1.
   EXPECT_TRUE(session->send_chunk_direct(chunk(0), write_direct));
   EXPECT_TRUE(session->send_chunk_direct(chunk(2), write_direct));
@@ -113,22 +145,22 @@ TEST(SessionRings, DirectWhileCreditsLastThenQueuedBytesInOrderThroughTheWriter)
 // A write into a result slot that fails (a CUDA or NCCL error) ends the session with an error
 // frame saying so: the client may already wait for the bytes.
 TEST(SessionRings, FailedWriteSendsAnErrorAndCloses) {
-  asio::io_context io;
-  asio::local::stream_protocol::socket server_side(io), client_side(io);
-  asio::local::connect_pair(server_side, client_side);
   std::string closed_why;
-  auto session = std::make_shared<Session>(
-      Session::Socket(std::move(server_side)), 1, [](const auto&, transport::Frame) {},
-      [&](const auto&, const std::string& why) { closed_why = why; });
-  session->use_device_rings(
-      nullptr, 1, [](uint32_t, const transport::Update&, const std::vector<std::byte>&) {},
-      /*frame_first=*/true);
-  EXPECT_TRUE(session->send_chunk_direct(
-      chunk(0), [](uint32_t) { throw DeviceError("ncclSend failed: remote process exited"); }));
+  SessionOnPair pair([](const auto&, transport::Frame) {},
+                     [&](const auto&, const std::string& why) { closed_why = why; });
+  auto& [io, client_side, session] = pair;
+  session->use_device_rings(nullptr, 1,
+                            [](uint32_t, const transport::Update&, const std::vector<std::byte>&) {
+                              return Session::AfterFrame{};
+                            });
+  // The write succeeds; the transfer after the frame (an ncclSend) fails.
+  EXPECT_TRUE(session->send_chunk_direct(chunk(0), [](uint32_t) -> Session::AfterFrame {
+    return [] { throw DeviceError("ncclSend failed: remote process exited"); };
+  }));
   io.run_for(std::chrono::milliseconds(200));
   EXPECT_TRUE(session->closed());
   EXPECT_NE(closed_why.find("ncclSend failed"), std::string::npos) << closed_why;
-  // What the client saw: the update frame (announced first on this plane), then the error.
+  // What the client saw: the update frame, then the error.
   transport::FrameDecoder decoder;
   std::array<std::byte, 4096> buf;
   std::vector<transport::Frame> frames;
@@ -152,35 +184,144 @@ TEST(SessionRings, FailedWriteSendsAnErrorAndCloses) {
 // the plane is ready; frames before the first push go through at once. No handler waits.
 TEST(SessionRings, HeldDataPlaneKeepsAPushAndWhatFollowsUntilReady) {
   using transport::MessageType;
-  asio::io_context io;
-  asio::local::stream_protocol::socket server_side(io), client_side(io);
-  asio::local::connect_pair(server_side, client_side);
-  std::vector<std::pair<uint16_t, uint32_t>> handled;  // (type, request id), in order
-  auto session = std::make_shared<Session>(
-      Session::Socket(std::move(server_side)), 1,
-      [&](const auto&, transport::Frame f) { handled.emplace_back(f.type, f.request_id); },
-      [](const auto&, const std::string&) {});
+  Handled handled;
+  SessionOnPair pair(recording(handled), [](const auto&, const std::string&) {});
+  auto& [io, client_side, session] = pair;
   session->hold_data_plane();
   session->start();
-  const auto send = [&](MessageType type, uint32_t request) {
-    const auto bytes = transport::encode_frame({static_cast<uint16_t>(type), request, "{}"});
-    asio::write(client_side, asio::buffer(bytes));
-  };
-  const auto t = [](MessageType type, uint32_t request) {
-    return std::make_pair(static_cast<uint16_t>(type), request);
-  };
-  send(MessageType::register_param, 1);
-  send(MessageType::push, 2);
-  send(MessageType::commit, 3);
-  send(MessageType::health, 4);  // after the push: held too, so the order holds
+  send_frame(client_side, MessageType::register_param, 1);
+  send_frame(client_side, MessageType::push, 2);
+  send_frame(client_side, MessageType::commit, 3);
+  send_frame(client_side, MessageType::health, 4);  // after the push: held too, so the order holds
   io.run_for(std::chrono::milliseconds(200));
-  EXPECT_EQ(handled, (std::vector{t(MessageType::register_param, 1)}));
+  EXPECT_EQ(handled, (std::vector{typed(MessageType::register_param, 1)}));
   session->set_data_plane_ready();
-  EXPECT_EQ(handled, (std::vector{t(MessageType::register_param, 1), t(MessageType::push, 2),
-                                  t(MessageType::commit, 3), t(MessageType::health, 4)}));
-  send(MessageType::push, 5);  // once ready, straight through
+  EXPECT_EQ(handled,
+            (std::vector{typed(MessageType::register_param, 1), typed(MessageType::push, 2),
+                         typed(MessageType::commit, 3), typed(MessageType::health, 4)}));
+  send_frame(client_side, MessageType::push, 5);  // once ready, straight through
   io.run_for(std::chrono::milliseconds(200));
   ASSERT_EQ(handled.size(), 5u);
-  EXPECT_EQ(handled.back(), t(MessageType::push, 5));
+  EXPECT_EQ(handled.back(), typed(MessageType::push, 5));
   EXPECT_FALSE(session->closed());
+}
+
+namespace {
+
+// The frames the peer can read right now (non-blocking), appended to `frames`.
+void drain(asio::local::stream_protocol::socket& peer, transport::FrameDecoder& decoder,
+           std::vector<transport::Frame>& frames) {
+  std::array<std::byte, 4096> buf;
+  peer.non_blocking(true);
+  for (;;) {
+    boost::system::error_code ec;
+    const size_t n = peer.read_some(asio::buffer(buf), ec);
+    if (ec) break;
+    decoder.feed(buf.data(), n);
+  }
+  while (auto f = decoder.next()) frames.push_back(std::move(*f));
+}
+
+}  // namespace
+
+// gpu-review F1: on the nccl plane a result chunk's ncclSend spins on the GPU until the client
+// posts its receive, which it does when the chunk's update frame arrives; any device-wide
+// synchronization on the io thread meanwhile (a cudaFree) would then wait for a frame only that
+// thread can write. So the transfer that follows a frame (what the slot write returns) runs only
+// once that frame is in the socket: when each one runs, the peer can already read its frame,
+// for chunks written directly and for chunks that waited for a credit alike, in frame order.
+TEST(SessionRings, TransfersStartOnlyOnceTheirFrameIsWritten) {
+  SessionOnPair pair([](const auto&, transport::Frame) {}, [](const auto&, const std::string&) {});
+  auto& [io, client_side, session] = pair;
+  transport::FrameDecoder decoder;
+  std::vector<transport::Frame> seen;  // frames the peer had read by each transfer
+  std::vector<int64_t> transfers;      // offsets, in the order their transfers started
+  std::vector<bool> frame_was_there;   // per transfer: its frame readable at that moment
+  const auto transfer_after = [&](int64_t offset) -> Session::AfterFrame {
+    return [&, offset] {
+      drain(client_side, decoder, seen);
+      bool there = false;
+      for (const auto& f : seen) {
+        const auto u = transport::decode<transport::Update>(f.payload);
+        there = there || u.offset == offset;
+      }
+      transfers.push_back(offset);
+      frame_was_there.push_back(there);
+    };
+  };
+  session->use_device_rings(
+      nullptr, 2, [&](uint32_t, const transport::Update& u, const std::vector<std::byte>&) {
+        return transfer_after(u.offset);
+      });
+  EXPECT_TRUE(session->send_chunk_direct(chunk(0), [&](uint32_t) { return transfer_after(0); }));
+  EXPECT_TRUE(session->send_chunk_direct(chunk(2), [&](uint32_t) { return transfer_after(2); }));
+  session->send_chunk(chunk(4), std::vector<std::byte>(8));  // waits for a credit
+  // Nothing ran the io context yet: the frames are queued, no transfer may have started.
+  EXPECT_TRUE(transfers.empty());
+  io.run_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(transfers, (std::vector<int64_t>{0, 2}));
+  session->release_rx_slot(0);  // the waiting chunk takes slot 0; its transfer follows its frame
+  EXPECT_EQ(transfers.size(), 2u);
+  io.restart();  // it ran out of work above
+  io.run_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(transfers, (std::vector<int64_t>{0, 2, 4}));
+  EXPECT_EQ(frame_was_there, (std::vector<bool>{true, true, true}));
+  session->close("done");
+  io.run_for(std::chrono::milliseconds(50));
+}
+
+// A session that closes with frames still queued drops their transfers unrun: the client never
+// reads those frames, so it never posts the matching receives.
+TEST(SessionRings, AClosingSessionStartsNoTransfer) {
+  SessionOnPair pair([](const auto&, transport::Frame) {}, [](const auto&, const std::string&) {});
+  auto& [io, client_side, session] = pair;
+  int started = 0;
+  session->use_device_rings(nullptr, 2,
+                            [](uint32_t, const transport::Update&, const std::vector<std::byte>&) {
+                              return Session::AfterFrame{};
+                            });
+  EXPECT_TRUE(session->send_chunk_direct(
+      chunk(0), [&](uint32_t) -> Session::AfterFrame { return [&] { ++started; }; }));
+  session->close("client said goodbye");
+  io.run_for(std::chrono::milliseconds(100));
+  EXPECT_TRUE(session->closed());
+  EXPECT_EQ(started, 0);
+}
+
+// gpu-review F2: on the cuda_ipc plane a push is handled only once the client's copy into its
+// slot is done on the GPU (and an update_ack once its copy out is), so that no stream of the
+// server waits on a client's event. The session asks its gate on the io thread, holds the frame
+// and every frame after it in order while the gate says no, and asks again by itself (no new
+// bytes needed); frames before it go through at once; a gate that throws lets the frame through
+// (its handler reports what is wrong with it).
+TEST(SessionRings, GatedFramesWaitInOrderUntilTheGateOpens) {
+  using transport::MessageType;
+  Handled handled;
+  SessionOnPair pair(recording(handled), [](const auto&, const std::string&) {});
+  auto& [io, client_side, session] = pair;
+  bool copy_done = false;
+  int asked = 0;
+  session->gate_frames([&](const transport::Frame& f) {
+    ++asked;
+    if (f.request_id == 9) throw InvalidArgument("slot 9 of 2");
+    return f.type != static_cast<uint16_t>(MessageType::push) || copy_done;
+  });
+  session->start();
+  send_frame(client_side, MessageType::register_param, 1);
+  send_frame(client_side, MessageType::push, 2);
+  send_frame(client_side, MessageType::commit, 3);  // behind the push: held too
+  io.run_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(handled, (std::vector{typed(MessageType::register_param, 1)}));
+  EXPECT_GT(asked, 3) << "the gate is asked again while it says no";
+  copy_done = true;  // the GPU passed the client's copy: the next poll lets both through
+  io.run_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(handled, (std::vector{typed(MessageType::register_param, 1),
+                                  typed(MessageType::push, 2), typed(MessageType::commit, 3)}));
+  send_frame(client_side, MessageType::push, 9);  // the gate throws: handled, the handler judges it
+  io.run_for(std::chrono::milliseconds(100));
+  ASSERT_EQ(handled.size(), 4u);
+  EXPECT_EQ(handled.back(), typed(MessageType::push, 9));
+  EXPECT_FALSE(session->closed());
+  session->close("done");
+  io.run_for(std::chrono::milliseconds(50));
 }

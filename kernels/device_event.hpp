@@ -1,12 +1,12 @@
-// An owned CUDA event of the server's GPU data plane (timing disabled). Only for files built
-// with CUDA (device_plane.cpp, nccl_session.cpp).
+// An owned CUDA event (timing disabled), for the server's GPU data plane and the client's device
+// planes. Only for files built with CUDA.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include "core/cuda_check.hpp"
 
-namespace muon::daemon {
+namespace muon {
 
 /// A cudaEvent_t created at construction, destroyed with it. A stream waiting on an event that
 /// was never recorded does not wait: the first step of a parameter waits for nothing it has not
@@ -26,4 +26,4 @@ struct OwnedEvent {
   }
 };
 
-}  // namespace muon::daemon
+}  // namespace muon
