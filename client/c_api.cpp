@@ -169,6 +169,15 @@ int muon_client_push_device(muon_client* c, const char* name, int64_t step, int6
   });
 }
 
+int muon_client_push_stream(muon_client* c, const char* name, void** cuda_stream) {
+  return guarded([&] {
+    if (!c || !name || !cuda_stream)
+      throw muon::InvalidArgument("muon_client_push_stream: null argument");
+    *cuda_stream = c->impl->push_stream(name);
+    return MUON_OK;
+  });
+}
+
 int muon_client_commit(muon_client* c, const char* name, int64_t step) {
   return guarded([&] {
     if (!c || !name) throw muon::InvalidArgument("muon_client_commit: null argument");

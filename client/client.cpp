@@ -95,9 +95,8 @@ void Client::register_parameters(const std::vector<ParameterRegistration>& param
                             std::to_string(p.server) + " but " +
                             std::to_string(connections_.size()) + " server(s) configured");
     }
-    transport::RegisterParam m{p.name,    p.shape, p.grad_dtype, p.update_dtype,
-                               p.options, p.push,  p.want,       config_.job,
-                               config_.resume};
+    transport::RegisterParam m{p.name, p.shape, p.grad_dtype, p.update_dtype, p.options,
+                               p.push, p.want,  config_.job,  config_.resume};
     auto& c = connection(static_cast<size_t>(p.server));
     c.expect_updates(p.name, p.want, transport::dtype_bytes(p.update_dtype));
     sent.emplace_back(static_cast<size_t>(p.server), c.send_register(m));
@@ -110,8 +109,8 @@ void Client::register_parameters(const std::vector<ParameterRegistration>& param
 
 void Client::set_job(std::string job, bool resume) {
   if (job.size() > transport::kMaxJob) {
-    throw InvalidArgument("job identity of " + std::to_string(job.size()) +
-                          " bytes; at most " + std::to_string(transport::kMaxJob));
+    throw InvalidArgument("job identity of " + std::to_string(job.size()) + " bytes; at most " +
+                          std::to_string(transport::kMaxJob));
   }
   config_.job = std::move(job);
   config_.resume = resume;
@@ -168,6 +167,10 @@ void Client::push_device(const std::string& name, int64_t step, int64_t offset,
     c.push_device(name, step, pos, bytes + (pos - offset) * static_cast<int64_t>(esize), n, esize,
                   transport::ChunkKind::gradient, stream);
   });
+}
+
+StreamHandle Client::push_stream(const std::string& name) {
+  return owner(name).push_stream();
 }
 
 void Client::commit(const std::string& name, int64_t step) {

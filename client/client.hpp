@@ -133,12 +133,14 @@ class Client {
   void push(const std::string& name, int64_t step, int64_t offset, const void* data, int64_t count);
   /// push from CUDA device memory: `device_data` holds `count` elements (grad dtype) on the
   /// device current at connection (cuda_ipc, nccl) or any device (shm). cuda_ipc: each chunk is
-  /// copied on `stream` straight into the server's GPU ring (nccl: sent with ncclSend on
-  /// `stream`), ordered after the work already on `stream` (e.g. the backward that produced the
-  /// gradient); `stream` must belong to that device (InvalidArgument naming both devices
-  /// otherwise); returns once the copies are enqueued, so the
-  /// caller must keep `device_data` alive and unchanged until `stream` has passed them (record an
-  /// event, or let the caching allocator's stream semantics do it). shm: copies to host on
+  /// copied straight into the server's GPU ring (nccl: sent with ncclSend) on the connection's
+  /// push stream (push_stream(name)), ordered after the work already on `stream` (e.g. the
+  /// backward that produced the gradient); `stream` itself waits for nothing of the server's
+  /// (gpu-review F10). `stream` must belong to that device (InvalidArgument naming both devices
+  /// otherwise); returns once the copies are enqueued, so the caller must keep `device_data`
+  /// alive and unchanged until the push stream has passed them: work queued on `stream` after
+  /// the wait_update_device of this step is (the update is computed from them); a caching
+  /// allocator is told by recording the buffer on push_stream(name). shm: copies to host on
   /// `stream`, waits for it, then pushes as push() does. `stream` is a cudaStream_t (nullptr: the
   /// legacy default stream). Counted in bytes_pushed like push. Throws InvalidArgument (elements
   /// outside the push ranges, `device_data` not device memory), DeviceError (CUDA fails, e.g. no
@@ -146,6 +148,10 @@ class Client {
   /// anything was announced leaves the connection usable.
   void push_device(const std::string& name, int64_t step, int64_t offset, const void* device_data,
                    int64_t count, StreamHandle stream);
+  /// The stream push_device of `name` copies (sends) on: a cudaStream_t of the connection to the
+  /// parameter's server (connected on first use), nullptr on shm (push_device has finished
+  /// reading when it returns). Throws what owner lookup throws (an unknown parameter).
+  StreamHandle push_stream(const std::string& name);
   /// Declares this rank's contribution to (name, step) complete; the server starts the step once
   /// every contributor committed. A rank that registered no push ranges for `name` (an empty
   /// shard) contributes nothing: it need not commit, and a commit from it is ignored by the

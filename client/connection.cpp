@@ -195,6 +195,11 @@ void Connection::lose(const std::string& why) {
   socket_.shutdown(asio::socket_base::shutdown_both, ignored);
 }
 
+StreamHandle Connection::push_stream() const {
+  if (rings_) return rings_->push_stream();
+  return nccl_ ? nccl_->push_stream() : nullptr;
+}
+
 StreamHandle Connection::reader_stream() const {
   return rings_ ? rings_->reader_stream() : nccl_->reader_stream();
 }
@@ -280,8 +285,7 @@ std::string Connection::registration_progress(const std::string& name) {
       for (const auto& r : p.at("missing_ranks")) {
         ranks += (ranks.empty() ? "" : ", ") + std::to_string(r.get<int>());
       }
-      return "; ranks " + ranks + " of the job's " +
-             std::to_string(status.value("world_size", 0)) +
+      return "; ranks " + ranks + " of the job's " + std::to_string(status.value("world_size", 0)) +
              " have not registered it (a registration waits for every rank of the job: start "
              "them all, each registering the same parameters)";
     }
@@ -656,7 +660,8 @@ void Connection::handle(transport::Frame f) {
       } else {
         // Not about one parameter (shutdown, protocol): every waiter should see it.
         for (auto& [name, p] : params_) p.errors[-1] = e;
-        if (transport::error_code(e) == ErrorCode::shutdown && lost_.empty()) lost_ = "server shutting down";
+        if (transport::error_code(e) == ErrorCode::shutdown && lost_.empty())
+          lost_ = "server shutting down";
       }
       break;
     }

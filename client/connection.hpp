@@ -85,16 +85,21 @@ class Connection {
   void push(const std::string& name, int64_t step, int64_t offset, const std::byte* data,
             int64_t count, size_t elem_bytes, transport::ChunkKind kind);
   /// The same from CUDA device memory, on a cuda_ipc or nccl connection only: each chunk is
-  /// copied straight into the server's tx ring on `stream` (cuda_ipc), or sent with ncclSend on
-  /// `stream` after its push frame (nccl); no host staging. Runs with the plane's device current
-  /// (the caller's current device is restored). Returns once the copies are enqueued:
-  /// `device_data` must stay alive and unchanged until `stream` has passed them. Throws
+  /// copied straight into the server's tx ring (cuda_ipc), or sent with ncclSend after its push
+  /// frame (nccl), on the plane's push stream after the work queued on `stream` so far; no host
+  /// staging, and `stream` never waits for the server (gpu-review F10). Runs with the plane's
+  /// device current (the caller's current device is restored). Returns once the copies are
+  /// enqueued: `device_data` must stay alive and unchanged until push_stream() has passed them
+  /// (work queued on `stream` after the wait_update_device of this step is ordered after them;
+  /// a caching allocator is told with its record-stream call on push_stream()). Throws
   /// InvalidArgument on a shm connection or when `stream` belongs to another device than the
   /// plane's (both named; checked with CUDA >= 12.8), DeviceError when CUDA or NCCL fails (nccl
   /// after the push frame went out: the connection is then lost).
   void push_device(const std::string& name, int64_t step, int64_t offset,
                    const std::byte* device_data, int64_t count, size_t elem_bytes,
                    transport::ChunkKind kind, StreamHandle stream);
+  /// The stream pushes from device memory run on (cuda_ipc, nccl); nullptr on shm.
+  StreamHandle push_stream() const;
   /// Sends a commit.
   void commit(const std::string& name, int64_t step);
   /// Waits until the server has taken every pushed chunk out of shared memory (all tx slots

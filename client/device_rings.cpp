@@ -82,9 +82,10 @@ struct DeviceRings::Impl {
         tx(std::make_unique<ClaimedRing>(tx_ring)),
         rx(std::make_unique<ClaimedRing>(rx_ring)) {
     copied_in.assign(tx_ring.slots, nullptr);
+    produced.assign(tx_ring.slots, nullptr);
     try {
-      for (auto& e : copied_in) {
-        MUON_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      for (auto* list : {&copied_in, &produced}) {
+        for (auto& e : *list) MUON_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
       }
     } catch (...) {
       destroy_events();
@@ -97,7 +98,7 @@ struct DeviceRings::Impl {
     // on events of a server that is gone (never recorded; gpu-review F2): past the deadline the
     // mappings stay (leaked until the process exits) rather than go under a pending copy.
     bool idle = stream_idle_within(reader_stream.get(), kTeardownDeadline) &&
-                stream_idle_within(host_push_stream.get(), kTeardownDeadline);
+                stream_idle_within(push_stream.get(), kTeardownDeadline);
     for (auto e : copied_in) idle = idle && event_done_within(e, kTeardownDeadline);
     destroy_events();
     if (!idle) {
@@ -114,17 +115,22 @@ struct DeviceRings::Impl {
     // The claims go next (rx, then tx: members in reverse order), unmapping the allocations.
   }
   void destroy_events() noexcept {
-    for (auto& e : copied_in) {
-      if (e) MUON_CUDA_CHECK_NOTHROW(cudaEventDestroy(e));
-      e = nullptr;
+    for (auto* list : {&copied_in, &produced}) {
+      for (auto& e : *list) {
+        if (e) MUON_CUDA_CHECK_NOTHROW(cudaEventDestroy(e));
+        e = nullptr;
+      }
     }
   }
   int device;
   std::unique_ptr<ClaimedRing> tx, rx;
-  DeviceStream host_push_stream;
+  DeviceStream push_stream;  // every copy into the tx ring (device and host sources)
   DeviceStream reader_stream;
-  // Per tx slot: recorded after each copy_in (on whatever stream), waited for before unmapping.
+  // Per tx slot: recorded after each copy_in, waited for before unmapping.
   std::vector<cudaEvent_t> copied_in;
+  // Per tx slot: the caller's stream at a copy_in, for the push stream to wait on (per slot, so
+  // that threads pushing into different slots at once do not share one).
+  std::vector<cudaEvent_t> produced;
 };
 
 DeviceRings::DeviceRings(const transport::DeviceRingDescriptor& tx,
@@ -142,16 +148,26 @@ int DeviceRings::device() const {
 }
 
 void DeviceRings::copy_in(uint32_t slot, const void* src, size_t bytes, StreamHandle stream) {
-  impl_->tx->ring->copy_in(slot, src, bytes, stream);
-  MUON_CUDA_CHECK(cudaEventRecord(impl_->copied_in.at(slot), stream));
+  const auto push = impl_->push_stream.get();
+  if (stream != push) {  // the source is ready once `stream` passed this point
+    cudaEvent_t produced = impl_->produced.at(slot);
+    MUON_CUDA_CHECK(cudaEventRecord(produced, static_cast<cudaStream_t>(stream)));
+    MUON_CUDA_CHECK(cudaStreamWaitEvent(push, produced, 0));
+  }
+  impl_->tx->ring->copy_in(slot, src, bytes, push);  // waits the slot's free event there
+  MUON_CUDA_CHECK(cudaEventRecord(impl_->copied_in.at(slot), push));
 }
 
 void DeviceRings::copy_in_host(uint32_t slot, const void* src, size_t bytes) {
-  copy_in(slot, src, bytes, impl_->host_push_stream.get());
+  copy_in(slot, src, bytes, impl_->push_stream.get());
 }
 
 void DeviceRings::sync_host_pushes() {
-  impl_->host_push_stream.synchronize();
+  impl_->push_stream.synchronize();
+}
+
+StreamHandle DeviceRings::push_stream() const {
+  return impl_->push_stream.get();
 }
 
 void DeviceRings::enter_reader_thread() {

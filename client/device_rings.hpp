@@ -28,11 +28,10 @@ class DeviceRings {
   /// Throws BackendUnavailable (built without CUDA), DeviceError (no usable GPU, CUDA refuses
   /// a handle), InvalidArgument (an inconsistent descriptor).
   DeviceRings(const transport::DeviceRingDescriptor& tx, const transport::DeviceRingDescriptor& rx);
-  /// Waits for the reader and host-push streams and for every copy_in so far (on whatever
-  /// stream), destroys the rings' events, and unmaps each ring's allocation once no other
-  /// DeviceRings of this process uses it (cudaIpcCloseMemHandle): the server may free the
-  /// exported memory only after this (CUDA: freeing it while another process maps it is
-  /// undefined). Never throws (reports CUDA failures).
+  /// Waits for the reader and push streams and for every copy_in so far, destroys the rings'
+  /// events, and unmaps each ring's allocation once no other DeviceRings of this process uses it
+  /// (cudaIpcCloseMemHandle): the server may free the exported memory only after this (CUDA:
+  /// freeing it while another process maps it is undefined). Never throws (reports CUDA failures).
   ~DeviceRings();
   DeviceRings(const DeviceRings&) = delete;
   DeviceRings& operator=(const DeviceRings&) = delete;
@@ -42,18 +41,25 @@ class DeviceRings {
   /// The CUDA device the rings were opened on.
   int device() const;
 
-  // ---- tx ring (the caller's threads) -------------------------------------------------------
-  /// On `stream`: waits until the server freed tx slot `slot`, copies `bytes` from `src` (device
-  /// memory of this process) into it, records the slot's ready event. Returns once enqueued: the
-  /// source must stay alive and unchanged until `stream` has passed the copy. The rings' device
-  /// must be current and `stream` one of its streams (Connection::push_device sees to both).
+  // ---- tx ring (the caller's threads; one slot per thread at a time) -----------------------
+  /// Copies `bytes` from `src` (device memory of this process) into tx slot `slot` on the rings'
+  /// push stream (their own, non-blocking), after the work queued on `stream` so far: the push
+  /// stream waits for `stream` (an event), then for the server's free event of the slot, copies,
+  /// records the slot's ready event. `stream` itself never waits on the server (gpu-review F10:
+  /// the trainer's stream is not tied to the server's receive stream, nor through it to other
+  /// ranks). Returns once enqueued: the source must stay alive and unchanged until the push
+  /// stream has passed the copy (record it there: push_stream()). The rings' device must be
+  /// current and `stream` one of its streams (Connection::push_device sees to both).
   /// Throws InvalidArgument (bytes > slot_bytes, slot out of range), DeviceError.
   void copy_in(uint32_t slot, const void* src, size_t bytes, StreamHandle stream);
-  /// The same from host memory (pageable or pinned) on the rings' own host-push stream; the
-  /// copy is complete only after sync_host_pushes().
+  /// The same from host memory (pageable or pinned); the copy is complete only after
+  /// sync_host_pushes().
   void copy_in_host(uint32_t slot, const void* src, size_t bytes);
-  /// Blocks until every copy_in_host so far is done (the caller may then reuse its buffers).
+  /// Blocks until every copy_in and copy_in_host so far is done (the caller may then reuse its
+  /// buffers).
   void sync_host_pushes();
+  /// The stream every copy into the tx ring runs on.
+  StreamHandle push_stream() const;
 
   // ---- rx ring (the connection's reader thread only) --------------------------------------
   /// Makes the rings' device current on the calling thread (the reader thread calls it before

@@ -62,6 +62,9 @@ void DeviceRings::copy_in(uint32_t, const void*, size_t, StreamHandle) {
 void DeviceRings::copy_in_host(uint32_t, const void*, size_t) {
   unavailable("data plane cuda_ipc");
 }
+StreamHandle DeviceRings::push_stream() const {
+  unavailable("data plane cuda_ipc");
+}
 void DeviceRings::sync_host_pushes() {
   unavailable("data plane cuda_ipc");
 }

@@ -100,13 +100,20 @@ int muon_client_register(muon_client* c, const char* name, const int64_t* shape,
 /* Pushes `count` elements (grad dtype) at element `offset`. */
 int muon_client_push(muon_client* c, const char* name, int64_t step, int64_t offset,
                      const void* data, int64_t count);
-/* muon_client_push from CUDA device memory: `count` elements (grad dtype) at device_ptr, copied on
- * `cuda_stream` (a cudaStream_t; NULL: the legacy default stream) after the work already queued
- * there. cuda_ipc: straight into the server's GPU, returns once the copies are enqueued (keep
- * device_ptr alive and unchanged until the stream has passed them); shm: staged through host
- * memory, returns once pushed. MUON_ERR_INVALID when device_ptr is not device memory. */
+/* muon_client_push from CUDA device memory: `count` elements (grad dtype) at device_ptr, copied
+ * after the work already queued on `cuda_stream` (a cudaStream_t; NULL: the legacy default
+ * stream), on the connection's push stream (muon_client_push_stream), so that `cuda_stream` never
+ * waits for the server. cuda_ipc: straight into the server's GPU (nccl: ncclSend), returns once
+ * the copies are enqueued (keep device_ptr alive and unchanged until the push stream has passed
+ * them: work on `cuda_stream` after muon_client_wait_update_device of the step is); shm: staged
+ * through host memory, returns once pushed. MUON_ERR_INVALID when device_ptr is not device
+ * memory. */
 int muon_client_push_device(muon_client* c, const char* name, int64_t step, int64_t offset,
                             const void* device_ptr, int64_t count, void* cuda_stream);
+/* The cudaStream_t that muon_client_push_device of `name` copies on (*cuda_stream; NULL on shm),
+ * for a caching allocator's record-stream call on the pushed buffer. MUON_ERR_INVALID for an
+ * unknown parameter. */
+int muon_client_push_stream(muon_client* c, const char* name, void** cuda_stream);
 /* Declares this rank's pushes of (name, step) complete; the server starts the step once every
  * contributor committed. A rank whose push ranges are empty (an empty shard) contributes nothing:
  * it need not commit, and a commit from it is ignored (before or after the others pushed). */

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "core/cuda_check.hpp"
+#include "kernels/device_event.hpp"
 #include "transport/nccl_comm.hpp"
 
 namespace muon::client {
@@ -53,8 +54,9 @@ struct NcclPlane::Impl {
   }
   int device;
   DeviceBuffer tx_stage, rx_stage;  // host pushes; momentum and chunks this client does not keep
-  DeviceStream push_stream;
+  DeviceStream push_stream;         // every send (device and host sources)
   DeviceStream reader_stream;
+  OwnedEvent produced;         // the caller's stream at a send (sends are serialized)
   transport::NcclComm tx, rx;  // declared last: finalized before the streams and buffers go
 };
 
@@ -93,8 +95,17 @@ int NcclPlane::device() const {
 
 void NcclPlane::send(const void* device_src, size_t count, transport::DType dtype,
                      StreamHandle stream) {
+  const auto push = impl_->push_stream.get();
+  if (stream != push) {  // the source is ready once `stream` passed this point
+    MUON_CUDA_CHECK(cudaEventRecord(impl_->produced.e, static_cast<cudaStream_t>(stream)));
+    MUON_CUDA_CHECK(cudaStreamWaitEvent(push, impl_->produced.e, 0));
+  }
   const transport::SendTile tile{device_src, count, dtype};
-  impl_->tx.send(0, {&tile, 1}, stream);
+  impl_->tx.send(0, {&tile, 1}, push);
+}
+
+StreamHandle NcclPlane::push_stream() const {
+  return impl_->push_stream.get();
 }
 
 void NcclPlane::send_host(const void* host_src, size_t count, transport::DType dtype) {

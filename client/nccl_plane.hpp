@@ -42,11 +42,15 @@ class NcclPlane {
   int device() const;
 
   // ---- tx communicator (pushing threads, one at a time: the caller serializes) -------------
-  /// Enqueues on `stream` an ncclSend to the server of `count` elements of `dtype` at
-  /// `device_src` (device memory of the plane's device). Returns once NCCL has enqueued it; the
-  /// source must stay alive and unchanged until `stream` has passed the send.
+  /// Enqueues an ncclSend to the server of `count` elements of `dtype` at `device_src` (device
+  /// memory of the plane's device) on the plane's push stream, after the work queued on
+  /// `stream` so far (an event): `stream` never holds the NCCL kernel, which completes only when
+  /// the server's receive does (gpu-review F10). Returns once NCCL has enqueued it; the source
+  /// must stay alive and unchanged until the push stream has passed the send (push_stream()).
   /// Throws DeviceError (NCCL: the communicator is then aborted).
   void send(const void* device_src, size_t count, transport::DType dtype, StreamHandle stream);
+  /// The stream every send runs on.
+  StreamHandle push_stream() const;
   /// The same from host memory: copies into the tx staging buffer on the plane's push stream,
   /// sends from there, and waits for the stream (the caller may reuse `host_src` on return).
   /// Throws InvalidArgument (more than slot_bytes), DeviceError.

@@ -32,6 +32,9 @@ int NcclPlane::device() const {
 void NcclPlane::send(const void*, size_t, transport::DType, StreamHandle) {
   unavailable();
 }
+StreamHandle NcclPlane::push_stream() const {
+  return nullptr;
+}
 void NcclPlane::send_host(const void*, size_t, transport::DType) {
   unavailable();
 }

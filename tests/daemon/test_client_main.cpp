@@ -34,6 +34,8 @@ struct Args {
   std::string mode = "replicated", out, skip_param, snapshot;
   int64_t chunk = 0;  // 0: random chunk sizes
   int64_t die_at_step = -1, nan_at_step = -1;
+  int64_t exit_after_commit_at_step = -1;  // _exit(9) once that step is committed (its updates
+                                           // in flight, never read)
   int64_t op_timeout_ms = 30000;
   bool split_servers = false, fetch_momentum = false;
   std::string data_plane = "shm";  // shm | cuda_ipc
@@ -69,6 +71,8 @@ Args parse(int argc, char** argv) {
       a.chunk = std::stoll(v());
     else if (k == "--die-at-step")
       a.die_at_step = std::stoll(v());
+    else if (k == "--exit-after-commit-at-step")
+      a.exit_after_commit_at_step = std::stoll(v());
     else if (k == "--nan-at-step")
       a.nan_at_step = std::stoll(v());
     else if (k == "--skip-param")
@@ -134,8 +138,9 @@ class DeviceStaging {
     MUON_CUDA_CHECK(cudaMemcpy(d, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice));
     return d;
   }
-  void wait() {
-    MUON_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+  // Until the client's push stream (push_device copies there) has read the buffer.
+  void wait(StreamHandle push_stream) {
+    MUON_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(push_stream)));
   }
   void download(std::vector<float>& v) {
     MUON_CUDA_CHECK(cudaMemcpy(v.data(), ptr_, v.size() * sizeof(float), cudaMemcpyDeviceToHost));
@@ -151,7 +156,7 @@ class DeviceStaging {
   const float* upload(const std::vector<float>&) {
     return nullptr;
   }
-  void wait() {}
+  void wait(StreamHandle) {}
   void download(std::vector<float>&) {}
 #endif
 };
@@ -214,7 +219,7 @@ int main(int argc, char** argv) {
         if (step == a.nan_at_step && ch.pi == 0) v[0] = std::numeric_limits<float>::quiet_NaN();
         if (a.device_buffers) {
           c.push_device(params[ch.pi].name, step, ch.offset, device.upload(v), ch.count, nullptr);
-          device.wait();  // the source buffer is reused by the next chunk
+          device.wait(c.push_stream(params[ch.pi].name));  // the buffer is reused next chunk
         } else {
           c.push(params[ch.pi].name, step, ch.offset, v.data(), ch.count);
         }
@@ -224,6 +229,7 @@ int main(int argc, char** argv) {
         if (params[pi].name == a.skip_param || regs[pi].push.empty()) continue;
         c.commit(params[pi].name, step);
       }
+      if (step == a.exit_after_commit_at_step) _exit(9);  // the server's updates now in flight
       for (size_t pi = 0; pi < params.size(); ++pi) {
         std::vector<float> u(static_cast<size_t>(params[pi].numel()));
         if (a.device_buffers) {

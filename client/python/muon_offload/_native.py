@@ -90,6 +90,7 @@ def _declare(lib: ctypes.CDLL) -> None:
                                      i]),
         "muon_client_push": (i, [h, cp, i64, i64, vp, i64]),
         "muon_client_push_device": (i, [h, cp, i64, i64, vp, i64, vp]),
+        "muon_client_push_stream": (i, [h, cp, ctypes.POINTER(ctypes.c_void_p)]),
         "muon_client_commit": (i, [h, cp, i64]),
         "muon_client_wait_update": (i, [h, cp, i64, vp, i64, ctypes.POINTER(i)]),
         "muon_client_wait_update_device": (i, [h, cp, i64, vp, i64, vp, ctypes.POINTER(i)]),

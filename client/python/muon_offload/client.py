@@ -79,8 +79,8 @@ def _cuda_buffer(x, what: str, stream) -> Tuple[int, int, int]:
 
 
 def _record_stream(x, stream) -> None:
-    """Tells torch's caching allocator that ``stream`` (a caller's ``stream=``: a
-    torch.cuda.Stream or a raw cudaStream_t) uses CUDA tensor ``x``, so that its memory is not
+    """Tells torch's caching allocator that ``stream`` (a caller's ``stream=`` or the client's
+    push stream: a torch.cuda.Stream or a raw cudaStream_t) uses CUDA tensor ``x``, so that its memory is not
     reused before the work queued there (a copy or NCCL transfer of the client) is done. None (the
     current stream, taken as the tensor's allocation stream) records nothing; recording the
     allocation stream itself is a no-op for the allocator."""
@@ -241,14 +241,14 @@ class Client:
         """Pushes ``count`` elements of ``data`` (grad dtype) at element ``offset``. Pushes of
         the same elements within one step accumulate on the server.
 
-        A CUDA tensor goes through ``muon_client_push_device`` on ``stream`` (default: the
-        current torch stream of its device), ordered after the work queued there: with
-        ``cuda_ipc`` straight into the server's GPU, returning once the copies are enqueued (keep
-        ``data`` alive and unchanged until the stream has passed them; a tensor allocated on that
-        stream may simply be dropped, the caching allocator orders its reuse; with an explicit
-        ``stream=`` the tensor is recorded on it, ``record_stream``), with ``nccl`` sent with
-        ncclSend on the stream (same rule), with ``shm`` staged through host memory. The stream
-        must belong to the client's device (InvalidArgument naming both otherwise). Raises
+        A CUDA tensor goes through ``muon_client_push_device``, ordered after the work queued on
+        ``stream`` (default: the current torch stream of its device) and copied on the
+        connection's own push stream, so ``stream`` never waits for the server: with
+        ``cuda_ipc`` straight into the server's GPU, with ``nccl`` sent with ncclSend, returning
+        once enqueued. The tensor is recorded on the push stream (``record_stream``), so it may
+        simply be dropped; keep it unchanged until the step's ``wait_update`` (work queued after
+        that is ordered after the copies). With ``shm`` it is staged through host memory. The
+        stream must belong to the client's device (InvalidArgument naming both otherwise). Raises
         DeviceError / BackendUnavailable when CUDA cannot serve it; nothing is pushed then."""
         if count is None:
             count = data.numel() if hasattr(data, "numel") and callable(data.numel) else data.size
@@ -259,7 +259,13 @@ class Client:
                 check(self._lib.muon_client_push_device(
                     self._handle(), name.encode(), int(step), int(offset), ctypes.c_void_p(ptr),
                     int(count), ctypes.c_void_p(s)), f"push of '{name}' step {step}")
-            _record_stream(data, stream)
+                push_stream = ctypes.c_void_p()
+                check(self._lib.muon_client_push_stream(self._handle(), name.encode(),
+                                                        ctypes.byref(push_stream)),
+                      f"push stream of '{name}'")
+            # The copies read `data` on the push stream (None on shm: already read).
+            if push_stream.value:
+                _record_stream(data, push_stream.value)
             return
         ptr, nbytes = _buffer(data, f"push '{name}'")
         self._check_push(name, data, int(count), nbytes)
