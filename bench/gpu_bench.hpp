@@ -27,4 +27,9 @@ void register_device_step_benchmarks();
 /// (server_step_bench.cpp).
 void register_server_step_benchmarks();
 
+/// colocated/trainer_gemm/<high|normal>: a trainer's bf16 GEMMs on a stream of that priority,
+/// alone and beside a busy muon-offloadd at --stream-priority low on the same GPU
+/// (colocated_bench.cpp).
+void register_colocated_benchmarks();
+
 }  // namespace muon::bench

@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   muon::bench::register_ipc_copy_benchmarks();
   muon::bench::register_device_step_benchmarks();
   muon::bench::register_server_step_benchmarks();
+  muon::bench::register_colocated_benchmarks();
   benchmark::AddCustomContext("ipc",
                               "ipc_bw/d2d_bw = D2D time / IPC copy time, same bytes, "
                               "same stream, paired per iteration");
@@ -25,6 +26,9 @@ int main(int argc, char** argv) {
                               "(fp32 accumulate), scale_rule none; ns_rate/gemm_rate = cuBLAS "
                               "bf16 GEMM-reference time / step time, nominal flops "
                               "5*(4m^2n+2m^3)");
+  benchmark::AddCustomContext("colocated",
+                              "shared/alone = trainer bf16 GEMM time beside a busy server at "
+                              "--stream-priority low / alone, same stream, same run");
   benchmark::RunSpecifiedBenchmarks();
   muon::bench::shutdown_ipc_copy_benchmarks();
   benchmark::Shutdown();

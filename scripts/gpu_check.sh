@@ -357,6 +357,11 @@ if wanted bench; then
       ratio=$(figure "$line" 'offload/inprocess')
       [[ -n $ratio ]] || continue
       log "$(printf '%-45s offload/inprocess %-6s (no target; >1: the trip through the server costs more than computing in process)' "${name%%/iterations*}" "$ratio")"
+    elif [[ $name =~ ^colocated/ ]]; then
+      ratio=$(figure "$line" 'shared/alone')
+      [[ -n $ratio ]] || continue
+      verdict=$(awk -v x="$ratio" 'BEGIN { print (x <= 1.05) ? "meets <= 1.05" : "MISSES <= 1.05" }')
+      log "$(printf '%-45s shared/alone      %-6s %s' "${name%%/iterations*}" "$ratio" "$verdict")"
     elif [[ $name =~ ^ipc/copy_in/ ]]; then
       ratio=$(figure "$line" 'ipc_bw/d2d_bw')
       [[ -n $ratio ]] || continue
