@@ -61,17 +61,19 @@ TEST(CApiErrors, ClientFailuresSetTheirCodeAndSuccessClearsIt) {
 TEST(CApiErrors, OptionsSchemaNamesEveryFieldWithItsDefault) {
   const json schema = json::parse(muon_options_schema());
   ASSERT_TRUE(schema.is_array());
-  ASSERT_EQ(schema.size(), 14u);
+  ASSERT_EQ(schema.size(), 15u);
   std::vector<std::string> names;
   for (const auto& f : schema) names.push_back(f.at("name"));
   EXPECT_EQ(names, (std::vector<std::string>{"momentum", "mu", "nesterov", "schedule", "steps",
                                              "coefficients", "eps", "eps_mode", "scale", "extra_scale",
-                                             "row_splits", "algorithm", "precision",
-                                             "nonfinite"}));
+                                             "row_splits", "algorithm", "gram_restart",
+                                             "precision", "nonfinite"}));
   EXPECT_EQ(schema[0].at("default"), "sum");
   EXPECT_EQ(schema[2].at("default"), true);
   EXPECT_EQ(schema[3].at("default"), "keller");
   EXPECT_EQ(schema[4].at("type"), "integer");
-  EXPECT_EQ(schema[12].at("choices"), (json{"default", "fp32", "bf16", "torch_bf16"}));
+  EXPECT_EQ(schema[11].at("default"), "auto");
+  EXPECT_EQ(schema[12].at("default"), 2);
+  EXPECT_EQ(schema[13].at("choices"), (json{"default", "fp32", "bf16", "torch_bf16"}));
   EXPECT_EQ(muon_options_schema(), muon_options_schema());  // one static string
 }
