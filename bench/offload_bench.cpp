@@ -118,16 +118,24 @@ BENCHMARK(BM_Transport)
 
 // ---- one optimizer step of GPT-2 small ---------------------------------------------------------
 
-void BM_Step(benchmark::State& state) {
-  const int clients = static_cast<int>(state.range(0));
-  const auto mats = bench::gpt2_small_matrices();
-  std::mt19937 rng(1);
+// One standard-normal gradient per matrix (row-major rows x cols, fp32), from a fixed seed.
+std::vector<std::vector<float>> random_gradients(const std::vector<bench::NamedMatrix>& mats,
+                                                 unsigned seed) {
+  std::mt19937 rng(seed);
   std::normal_distribution<float> normal;
   std::vector<std::vector<float>> grads;
   for (const auto& m : mats) {
     grads.emplace_back(static_cast<size_t>(m.rows * m.cols));
     for (auto& x : grads.back()) x = normal(rng);
   }
+  return grads;
+}
+
+
+void BM_Step(benchmark::State& state) {
+  const int clients = static_cast<int>(state.range(0));
+  const auto mats = bench::gpt2_small_matrices();
+  const auto grads = random_gradients(mats, 1);
 
   // Reference: the same kernels in process, one matrix after the other, warm buffers (the second
   // of two passes is timed).
@@ -256,13 +264,7 @@ BENCHMARK(BM_Step)
 void BM_StepDefaultVsPlain(benchmark::State& state) {
   constexpr int kSteps = 3;
   const auto mats = bench::gpt2_small_matrices();
-  std::mt19937 rng(2);
-  std::normal_distribution<float> normal;
-  std::vector<std::vector<float>> grads;
-  for (const auto& m : mats) {
-    grads.emplace_back(static_cast<size_t>(m.rows * m.cols));
-    for (auto& x : grads.back()) x = normal(rng);
-  }
+  const auto grads = random_gradients(mats, 2);
   bench::BenchServer server({"--threads", std::to_string(cpu_threads()), "--slot-kib", "4096",
                              "--step-timeout-ms", "600000"});
   client::ClientConfig cfg;
