@@ -73,10 +73,13 @@ void print_algorithm_choices(std::ostream& out, const std::string& path) {
            "gram on it and writes its choice here\n";
     return;
   }
-  std::vector<std::vector<std::string>> rows = {{"MACHINE", "BLOCK", "ALGORITHM", "WHY"}};
+  std::vector<std::vector<std::string>> rows = {
+      {"MACHINE", "BLOCK", "ALGORITHM", "BATCHING", "WHY"}};
   for (const auto& e : entries) {
     rows.push_back({e.machine, e.key, std::string(ns_algorithm_name(e.choice.algorithm)),
-                    e.choice.reason});
+                    e.choice.side_by_side ? "side by side" : "one at a time",
+                    e.choice.reason +
+                        (e.choice.batch_reason.empty() ? "" : "; " + e.choice.batch_reason)});
   }
   print_table(out, rows, "  ");
 }

@@ -146,6 +146,23 @@ std::string format_status(const json& st, const std::string& socket) {
     print_table(out, rows, "  ");
   }
 
+  // auto's Newton-Schulz choices, per block shape: what runs and why (like `schedules`).
+  const json choices = st.value("ns_choices", json::array());
+  out << "\nnewton-schulz (--algorithm auto, per block)\n";
+  if (choices.empty()) {
+    out << "  (none made yet: a block shape is chosen for at its first step)\n";
+  } else {
+    std::vector<std::vector<std::string>> rows = {{"BLOCK", "ALGORITHM", "BATCHING", "WHY"}};
+    for (const auto& c : choices) {
+      const std::string batch_why = get_or<std::string>(c, "batch_reason", "");
+      rows.push_back({get_or<std::string>(c, "key", "?"), get_or<std::string>(c, "algorithm", "?"),
+                      get_or(c, "side_by_side", false) ? "side by side" : "one at a time",
+                      get_or<std::string>(c, "reason", "") +
+                          (batch_why.empty() ? "" : "; " + batch_why)});
+    }
+    print_table(out, rows, "  ");
+  }
+
   out << "\nerrors: ";
   std::string errors;
   const json error_counts = st.value("errors", json::object());

@@ -87,6 +87,15 @@ void Scheduler::submit(NsJob job) {
   cv_.notify_one();
 }
 
+void Scheduler::prepare(std::string name, MatrixShape shape, MuonOptions options) {
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_) return;
+    prepares_.push_back({std::move(name), shape, std::move(options)});
+  }
+  cv_.notify_one();
+}
+
 void Scheduler::stop() {
   {
     std::lock_guard lock(mu_);
@@ -108,11 +117,20 @@ size_t Scheduler::queued() const {
 void Scheduler::run() {
   for (;;) {
     std::deque<NsJob> taken;
+    std::deque<Prepare> prepares;
     {
       std::unique_lock lock(mu_);
-      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping and drained
+      cv_.wait(lock, [this] { return stopping_ || !queue_.empty() || !prepares_.empty(); });
+      if (queue_.empty() && prepares_.empty()) return;  // stopping and drained
+      prepares.swap(prepares_);
       taken.swap(queue_);
+    }
+    for (const auto& p : prepares) {
+      try {
+        backend_->prepare(p.name, p.shape, p.options.orthogonalize);
+      } catch (const std::exception&) {
+        // The parameter's first step validates the same way and reports it, naming the step.
+      }
     }
     // Group by (rows, cols, options), groups in order of first appearance, submission order
     // inside a group.

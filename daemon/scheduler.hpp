@@ -72,6 +72,12 @@ class Scheduler {
 
   /// Queues a job (thread-safe).
   void submit(NsJob job);
+  /// Queues Backend::prepare for a parameter of `shape` and `options` (thread-safe): auto's
+  /// calibration of its block shapes runs on the worker before the jobs it finds queued with
+  /// it (so before every job submitted after this call), never alongside one (it times the
+  /// cores). Errors are left for the first step
+  /// to report (it validates the same way, naming its parameter).
+  void prepare(std::string name, MatrixShape shape, MuonOptions options);
   /// Finishes queued jobs, then joins the worker. Idempotent.
   void stop();
   /// Jobs waiting (not yet taken by the worker).
@@ -89,6 +95,12 @@ class Scheduler {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<NsJob> queue_;
+  struct Prepare {
+    std::string name;
+    MatrixShape shape;
+    MuonOptions options;
+  };
+  std::deque<Prepare> prepares_;  // run before the queued jobs
   bool stopping_ = false;
   std::thread worker_;
   std::mutex join_mu_;        // serializes stop()'s join

@@ -30,26 +30,57 @@ void transpose_scaled(const float* src, float* dst, int64_t rows, int64_t cols, 
 
 // Calibration of NsAlgorithm::automatic: each candidate's time for one m x n block of Gaussian
 // values (fixed seed), the least over kRounds interleaved rounds after a warm-up run (workspaces,
-// thread pools); one round and no warm-up above kHeavyCalibrationFlops (a 4096 x 14336 block
-// takes about a minute per run on 2 cores).
+// thread pools). Blocks above kNsTimedFlops are not timed (ns_model_flops decides).
 constexpr int kRounds = 3;
-constexpr double kHeavyCalibrationFlops = 2e11;
+
+double nominal_flops(int64_t m, int64_t n, size_t steps) {
+  return static_cast<double>(steps) * (4.0 * m * m * n + 2.0 * m * m * m);
+}
+
+std::vector<float> calibration_input(int64_t count, int64_t m, int64_t n) {
+  std::mt19937 gen(2024);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> input(static_cast<size_t>(count * m * n));
+  for (auto& v : input) v = normal(gen);
+  return input;
+}
+
+// Batching's calibration: `width` matrices, and a lone one, one at a time and side by side
+// (run(side_by_side, count, x)), each the least of kRounds interleaved rounds after a warm-up of
+// all four (the side-by-side threads' workspaces).
+template <class Run>
+NsBatchMeasurement measure_batching(int width, int64_t m, int64_t n, Run&& run) {
+  const std::vector<float> input = calibration_input(width, m, n);
+  std::vector<float> x(input.size());
+  NsBatchMeasurement out{width, INFINITY, INFINITY, INFINITY, INFINITY};
+  for (int round = -1; round < kRounds; ++round) {
+    for (int count : {width, 1}) {
+      for (bool side_by_side : {false, true}) {
+        std::copy(input.begin(), input.end(), x.begin());
+        const auto t = std::chrono::steady_clock::now();
+        run(side_by_side, count, x.data());
+        const double s = std::max(
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count(), 1e-9);
+        if (round < 0) continue;
+        double& best = count == 1 ? (side_by_side ? out.lone_one_thread : out.lone_all_threads)
+                                  : (side_by_side ? out.side_by_side : out.one_at_a_time);
+        best = std::min(best, s);
+      }
+    }
+  }
+  return out;
+}
 
 template <class Run>
 std::vector<NsMeasurement> measure_candidates(const std::vector<NsAlgorithm>& candidates,
                                               int64_t m, int64_t n,
                                               const std::vector<NsCoefficients>& coefficients,
                                               Run&& run) {
-  std::mt19937 gen(2024);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> input(static_cast<size_t>(m * n)), x(input.size());
-  for (auto& v : input) v = normal(gen);
-  const double flops = static_cast<double>(coefficients.size()) *
-                       (4.0 * m * m * n + 2.0 * m * m * m);
-  const bool heavy = flops > kHeavyCalibrationFlops;
+  const std::vector<float> input = calibration_input(1, m, n);
+  std::vector<float> x(input.size());
   std::vector<NsMeasurement> out;
   for (NsAlgorithm a : candidates) out.push_back({a, INFINITY});
-  for (int round = heavy ? 0 : -1; round < (heavy ? 1 : kRounds); ++round) {
+  for (int round = -1; round < kRounds; ++round) {
     for (auto& c : out) {
       std::copy(input.begin(), input.end(), x.begin());
       const auto t = std::chrono::steady_clock::now();
@@ -101,8 +132,12 @@ bool Backend::orthogonalize(std::string_view matrix_name, const MatrixShape& sha
         transpose_scaled(src, dst, rb, c, 1.0f);
       }
     }
-    newton_schulz_batch(work_.data(), shape.batch, m, k, coefficients,
-                        resolved(options, m, k, coefficients));
+    const Resolved run = resolved(options, m, k, coefficients);
+    if (run.side_by_side) {
+      newton_schulz_side_by_side(work_.data(), shape.batch, m, k, coefficients, run.options);
+    } else {
+      newton_schulz_batch(work_.data(), shape.batch, m, k, coefficients, run.options);
+    }
     const float factor =
         static_cast<float>(options.extra_scale * scale_factor(options.scale_rule, rb, c));
     for (int64_t b = 0; b < shape.batch; ++b) {
@@ -119,32 +154,73 @@ bool Backend::orthogonalize(std::string_view matrix_name, const MatrixShape& sha
   return true;
 }
 
-OrthogonalizeOptions Backend::resolved(const OrthogonalizeOptions& options, int64_t m, int64_t n,
-                                      const std::vector<NsCoefficients>& coefficients) {
-  if (options.algorithm != NsAlgorithm::automatic) return options;
+void Backend::prepare(std::string_view matrix_name, const MatrixShape& shape,
+                      const OrthogonalizeOptions& options) {
+  validate(options, shape, matrix_name);
+  if (options.algorithm != NsAlgorithm::automatic) return;
+  const auto coefficients = ns_coefficients(options);
+  for (int64_t rb : row_blocks(options, shape, matrix_name)) {
+    resolved(options, std::min(rb, shape.cols), std::max(rb, shape.cols), coefficients);
+  }
+}
+
+Backend::Resolved Backend::resolved(const OrthogonalizeOptions& options, int64_t m, int64_t n,
+                                   const std::vector<NsCoefficients>& coefficients) {
+  if (options.algorithm != NsAlgorithm::automatic) return {options, false};
   OrthogonalizeOptions o = options;
   const Precision precision =
       o.precision == Precision::backend_default ? default_precision() : o.precision;
   const auto candidates = ns_auto_candidates(name(), precision, o.gram_restart);
   if (candidates.size() == 1) {
     o.algorithm = candidates.front();
-    return o;
+    return {o, false};
   }
   const std::string key =
       ns_choice_key(precision, m, n, static_cast<int>(coefficients.size()), o.gram_restart);
-  o.algorithm =
-      NsChoiceTable::process()
-          .choose(machine_key(), key,
-                  [&] {
-                    return measure_candidates(candidates, m, n, coefficients,
-                                              [&](NsAlgorithm a, float* x) {
-                                                OrthogonalizeOptions run = o;
-                                                run.algorithm = a;
-                                                newton_schulz_batch(x, 1, m, n, coefficients, run);
-                                              });
-                  })
-          .algorithm;
-  return o;
+  const bool heavy = nominal_flops(m, n, coefficients.size()) > kNsTimedFlops;
+  auto measure = [&] {
+    if (heavy) {
+      std::vector<NsMeasurement> model;
+      for (NsAlgorithm a : candidates) {
+        model.push_back({a,
+                         ns_model_flops(a, m, n, static_cast<int>(coefficients.size()),
+                                        o.gram_restart),
+                         true});
+      }
+      return model;
+    }
+    return measure_candidates(candidates, m, n, coefficients, [&](NsAlgorithm a, float* x) {
+      OrthogonalizeOptions run = o;
+      run.algorithm = a;
+      newton_schulz_batch(x, 1, m, n, coefficients, run);
+    });
+  };
+  auto measure_batch = [&](NsAlgorithm a,
+                           std::string& why_not) -> std::optional<NsBatchMeasurement> {
+    const int width = side_by_side_width();
+    if (width < 2) {
+      why_not = "one BLAS thread here (nothing to run side by side)";
+      return std::nullopt;
+    }
+    if (heavy) {
+      why_not = "a block this heavy keeps every core busy on its own (not timed above " +
+                std::to_string(static_cast<int>(kNsTimedFlops / 1e9)) + " GFLOP)";
+      return std::nullopt;
+    }
+    OrthogonalizeOptions run = o;
+    run.algorithm = a;
+    return measure_batching(width, m, n, [&](bool side_by_side, int count, float* x) {
+      if (side_by_side) {
+        newton_schulz_side_by_side(x, count, m, n, coefficients, run);
+      } else {
+        newton_schulz_batch(x, count, m, n, coefficients, run);
+      }
+    });
+  };
+  const NsChoice c =
+      NsChoiceTable::process().choose(machine_key(), key, measure, measure_batch);
+  o.algorithm = c.algorithm;
+  return {o, c.side_by_side};
 }
 
 bool Backend::muon_update(std::string_view matrix_name, const MatrixShape& shape, const float* grad,

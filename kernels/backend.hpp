@@ -46,6 +46,14 @@ class Backend {
   bool orthogonalize(std::string_view matrix_name, const MatrixShape& shape, const float* in,
                      float* out, const OrthogonalizeOptions& options);
 
+  /// Makes auto's choices for every row block of `shape` now (measuring the ones the table lacks,
+  /// kernels/ns_choice.hpp) instead of at the first orthogonalize: the server calls it when a
+  /// parameter registers, so the calibration runs before the first step rather than inside it.
+  /// Computes nothing else; a no-op for an algorithm named by the caller. Throws InvalidArgument
+  /// (shape/options, as orthogonalize would).
+  void prepare(std::string_view matrix_name, const MatrixShape& shape,
+               const OrthogonalizeOptions& options);
+
   /// One Muon step: momentum <- momentum_step(momentum, grad), update <- U of the
   /// (Nesterov) input, per MuonOptions. With convention `none` the gradient is orthogonalized as
   /// it is and `momentum` may be null. Nothing is written to `momentum` when the gradient is not
@@ -63,11 +71,30 @@ class Backend {
                                    const std::vector<NsCoefficients>& coefficients,
                                    const OrthogonalizeOptions& options) = 0;
 
+  /// How many matrices newton_schulz_side_by_side runs at once (one BLAS thread each); 1 (the
+  /// default, and CUDA's) = nothing to run side by side.
+  virtual int side_by_side_width() const { return 1; }
+
+  /// newton_schulz_batch with every matrix on one BLAS thread, side_by_side_width() of them at
+  /// once. Each matrix's bits are what it gets alone on one thread, whatever `count` is. The
+  /// default runs newton_schulz_batch.
+  virtual void newton_schulz_side_by_side(float* x, int64_t count, int64_t rows, int64_t cols,
+                                          const std::vector<NsCoefficients>& coefficients,
+                                          const OrthogonalizeOptions& options) {
+    newton_schulz_batch(x, count, rows, cols, coefficients, options);
+  }
+
  private:
-  /// `options` with NsAlgorithm::automatic replaced by the choice for wide m x n blocks
-  /// (kernels/ns_choice.hpp: cached per machine_key(), measured here when absent).
-  OrthogonalizeOptions resolved(const OrthogonalizeOptions& options, int64_t m, int64_t n,
-                                const std::vector<NsCoefficients>& coefficients);
+  /// How a block runs: the algorithm (never automatic) and, for auto's choices, side by side.
+  struct Resolved {
+    OrthogonalizeOptions options;
+    bool side_by_side = false;
+  };
+  /// `options` with NsAlgorithm::automatic replaced by the choice for wide m x n blocks, and
+  /// that choice's batching (kernels/ns_choice.hpp: cached per machine_key(), measured here when
+  /// absent). An algorithm named by the caller runs one matrix at a time.
+  Resolved resolved(const OrthogonalizeOptions& options, int64_t m, int64_t n,
+                    const std::vector<NsCoefficients>& coefficients);
 
   std::vector<float> work_;  // reused across calls: blocks in wide orientation
 };

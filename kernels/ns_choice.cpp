@@ -27,6 +27,12 @@ std::string milliseconds(double seconds) {
   return buf;
 }
 
+std::string gflop(double flops) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.4g GFLOP", flops * 1e-9);
+  return buf;
+}
+
 constexpr const char* kWhereInstead =
     " (set MUON_OFFLOAD_NS_TABLE to a writable file, or to 'none' to keep auto's choices in "
     "memory, per process)";
@@ -86,7 +92,22 @@ NsChoice choice_from_json(const std::string& path, const json& j) {
     throw InvalidArgument("Newton-Schulz choice table " + path + ": an entry says auto");
   }
   c.reason = j.value("reason", "");
+  if (j.contains("side_by_side")) {
+    if (!j["side_by_side"].is_boolean()) {
+      throw InvalidArgument("Newton-Schulz choice table " + path +
+                            ": an entry's side_by_side is not true or false");
+    }
+    c.side_by_side = j["side_by_side"].get<bool>();
+  }
+  c.batch_reason = j.value("batch_reason", "");
   return c;
+}
+
+json choice_to_json(const NsChoice& c) {
+  return {{"algorithm", ns_algorithm_name(c.algorithm)},
+          {"reason", c.reason},
+          {"side_by_side", c.side_by_side},
+          {"batch_reason", c.batch_reason}};
 }
 
 // Writes `j` to `path` atomically (a temporary file renamed over it; FileLock made the folder).
@@ -118,6 +139,27 @@ std::vector<NsAlgorithm> ns_auto_candidates(std::string_view backend, Precision 
   return out;
 }
 
+double ns_model_flops(NsAlgorithm algorithm, int64_t m, int64_t n, int steps, int gram_restart) {
+  const double M = static_cast<double>(m), N = static_cast<double>(n);
+  switch (algorithm) {
+    case NsAlgorithm::syrk:
+      return steps * (3 * M * M * N + M * M * M);
+    case NsAlgorithm::gram: {
+      const int run = gram_restart > 0 ? gram_restart : steps;
+      double flops = 0;
+      for (int first = 0; first < steps; first += run) {
+        const int len = std::min(run, steps - first);
+        flops += 3 * M * M * N + (7.0 * len - 6) * M * M * M;
+      }
+      return flops;
+    }
+    case NsAlgorithm::plain:
+    case NsAlgorithm::automatic:
+      break;
+  }
+  return steps * (4 * M * M * N + 2 * M * M * M);
+}
+
 NsChoice choose_ns_algorithm(std::span<const NsMeasurement> measured) {
   if (measured.empty()) throw InvalidArgument("choose_ns_algorithm: no candidate measured");
   double fastest = INFINITY;
@@ -138,14 +180,35 @@ NsChoice choose_ns_algorithm(std::span<const NsMeasurement> measured) {
       chosen = true;
     }
     times += (times.empty() ? "" : ", ") + std::string(ns_algorithm_name(m.algorithm)) + " " +
-             milliseconds(m.seconds);
+             (m.modeled ? gflop(m.seconds) : milliseconds(m.seconds));
   }
   if (measured.size() == 1) {
     c.reason = "the only candidate meeting the exactness contract here";
+  } else if (measured.front().modeled) {
+    c.reason = "fewest products by the flop model (a block this heavy is not timed): " + times;
   } else {
     c.reason = "fastest within 3 % (ties to the earliest of plain, syrk, gram): " + times;
   }
   return c;
+}
+
+void choose_ns_batching(const NsBatchMeasurement& m, NsChoice& c) {
+  if (m.width < 2) throw InvalidArgument("choose_ns_batching: width below 2");
+  for (double t : {m.one_at_a_time, m.side_by_side, m.lone_all_threads, m.lone_one_thread}) {
+    if (!(t > 0.0) || !std::isfinite(t)) {
+      throw InvalidArgument("choose_ns_batching: a time is not a positive number");
+    }
+  }
+  const bool batch_gains = m.side_by_side < m.one_at_a_time * (1.0 - kNsTieTolerance);
+  const bool lone_keeps = m.lone_one_thread <= m.lone_all_threads * (1.0 + kNsTieTolerance);
+  c.side_by_side = batch_gains && lone_keeps;
+  const std::string w = std::to_string(m.width);
+  c.batch_reason = std::string(c.side_by_side ? "side by side" : "one at a time") + ": " + w +
+                   " matrices side by side (one BLAS thread each) " + milliseconds(m.side_by_side) +
+                   ", one at a time on " + w + " threads " + milliseconds(m.one_at_a_time) +
+                   "; a lone one on 1 thread " + milliseconds(m.lone_one_thread) + ", on " + w +
+                   " " + milliseconds(m.lone_all_threads) +
+                   " (side by side needs a 3 % gain and a lone matrix no 3 % slower)";
 }
 
 std::string ns_choice_key(Precision precision, int64_t m, int64_t n, int steps,
@@ -158,7 +221,8 @@ std::string ns_choice_key(Precision precision, int64_t m, int64_t n, int steps,
 NsChoiceTable::NsChoiceTable(std::string path) : path_(std::move(path)) {}
 
 NsChoice NsChoiceTable::choose(const std::string& machine, const std::string& key,
-                               const std::function<std::vector<NsMeasurement>()>& measure) {
+                               const std::function<std::vector<NsMeasurement>()>& measure,
+                               const BatchMeasure& measure_batch) {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto id = std::make_pair(machine, key);
   if (auto it = known_.find(id); it != known_.end()) return it->second;
@@ -172,11 +236,29 @@ NsChoice NsChoiceTable::choose(const std::string& machine, const std::string& ke
   }
   const std::vector<NsMeasurement> measured = measure();
   NsChoice c = choose_ns_algorithm(measured);
+  std::optional<NsBatchMeasurement> batch;
+  if (measure_batch) {
+    std::string why_not;
+    batch = measure_batch(c.algorithm, why_not);
+    if (batch) {
+      choose_ns_batching(*batch, c);
+    } else {
+      c.batch_reason = "one at a time: " + why_not;
+    }
+  }
   if (!path_.empty()) {
     json seconds = json::object();
     for (const auto& m : measured) seconds[std::string(ns_algorithm_name(m.algorithm))] = m.seconds;
-    table["machines"][machine][key] = {
-        {"algorithm", ns_algorithm_name(c.algorithm)}, {"reason", c.reason}, {"seconds", seconds}};
+    json entry = choice_to_json(c);
+    entry["seconds"] = seconds;
+    if (batch) {
+      entry["batch_seconds"] = {{"width", batch->width},
+                                {"one_at_a_time", batch->one_at_a_time},
+                                {"side_by_side", batch->side_by_side},
+                                {"lone_all_threads", batch->lone_all_threads},
+                                {"lone_one_thread", batch->lone_one_thread}};
+    }
+    table["machines"][machine][key] = entry;
     write_file(path_, table);
   }
   return known_[id] = c;
@@ -195,8 +277,7 @@ void NsChoiceTable::adopt(const std::vector<Entry>& choices) {
   for (const Entry* e : fresh) {
     json& machine = table["machines"][e->machine];
     if (machine.contains(e->key)) continue;
-    machine[e->key] = {{"algorithm", ns_algorithm_name(e->choice.algorithm)},
-                       {"reason", e->choice.reason}};
+    machine[e->key] = choice_to_json(e->choice);
     changed = true;
   }
   if (changed) write_file(path_, table);
@@ -244,10 +325,10 @@ std::vector<NsChoiceTable::Entry> read_ns_choice_file(const std::string& path) {
 std::string ns_choices_to_json(const std::vector<NsChoiceTable::Entry>& choices) {
   json a = json::array();
   for (const auto& e : choices) {
-    a.push_back({{"machine", e.machine},
-                 {"key", e.key},
-                 {"algorithm", ns_algorithm_name(e.choice.algorithm)},
-                 {"reason", e.choice.reason}});
+    json j = choice_to_json(e.choice);
+    j["machine"] = e.machine;
+    j["key"] = e.key;
+    a.push_back(std::move(j));
   }
   return a.dump();
 }

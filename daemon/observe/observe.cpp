@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "daemon/log.hpp"
+#include "kernels/ns_choice.hpp"
 
 namespace muon::daemon {
 
@@ -28,6 +29,9 @@ std::string Engine::status_json() const {
   int64_t in_flight = 0;
   for (const auto& [name, p] : params_) in_flight += p.phase() == Phase::computing ? 1 : 0;
   j["in_flight"] = in_flight;
+  // What auto runs per block shape here and why (kernels/ns_choice.hpp): every choice this
+  // server made, read from its table file or adopted from its snapshot.
+  j["ns_choices"] = json::parse(ns_choices_to_json(NsChoiceTable::process().entries()));
   auto& sessions = j["sessions"] = json::array();
   for (const auto& [id, w] : sessions_) {
     auto s = w.lock();

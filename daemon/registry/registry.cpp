@@ -151,6 +151,10 @@ void Engine::complete_registration(const std::string& name, Param& p) {
   }
   p.pending.reset();
   p.waiting = std::move(waiting);
+  // auto's choices for its block shapes now, on the worker, before its first gradient arrives.
+  if (p.role->keeps_momentum_here()) {
+    scheduler_.prepare(name, p.layout->spec.shape, p.layout->spec.options);
+  }
   p.role->registered(name, p);
 }
 

@@ -273,6 +273,7 @@ def check_auto_choice_is_listed():
     writes the choice to its table, and `schedules` lists it with the reason; a second run reads
     the choice and gives the same bits."""
     table = path("ns-choices.json")
+    before = os.environ.get("MUON_OFFLOAD_NS_TABLE")
     os.environ["MUON_OFFLOAD_NS_TABLE"] = table
     try:
         g = RNG.standard_normal((36, 52)).astype(np.float32)
@@ -286,7 +287,10 @@ def check_auto_choice_is_listed():
         assert table in r.stdout and "fp32 36x52 steps=5 restart=2" in r.stdout, r.stdout
         assert "fastest within 3 %" in r.stdout, r.stdout
     finally:
-        del os.environ["MUON_OFFLOAD_NS_TABLE"]
+        if before is None:
+            del os.environ["MUON_OFFLOAD_NS_TABLE"]
+        else:
+            os.environ["MUON_OFFLOAD_NS_TABLE"] = before
 
 
 def main():

@@ -30,6 +30,8 @@
 #include "daemon/snapshot.hpp"
 #include "daemon/snapshot_writer.hpp"
 #include "daemon/step_reducer.hpp"
+#include "kernels/blas_threads.hpp"
+#include "kernels/ns_choice.hpp"
 #include "transport/bf16.hpp"
 #include "transport/messages.hpp"
 
@@ -1227,6 +1229,42 @@ TEST(Scheduler, BatchedIsBitwiseEqualToUnbatched) {
       EXPECT_TRUE(bitwise_equal(done[i].update, update));
       EXPECT_TRUE(bitwise_equal(mom_batched[i], mom_alone[i]));
     }
+  }
+}
+
+TEST(Scheduler, SideBySideBatchesAreBitwiseTheInProcessReferenceOneAtATime) {
+  // A block shape that auto runs side by side (one BLAS thread per matrix, 2 at once): the
+  // server's batch of 3 gives each parameter the bits the in-process reference computes for it
+  // alone (Backend::muon_update per parameter, as the client's in-process path calls it), at the
+  // same 2 OpenBLAS threads, where one-matrix-on-two-threads would give other bits.
+  ScopedBlasThreads two(2);
+  auto reference = make_backend("cpu");
+  MuonOptions o;  // auto
+  o.orthogonalize.steps = 3;  // a key no other test of this file uses
+  NsChoiceTable::process().adopt({{reference->machine_key(),
+                                   ns_choice_key(Precision::fp32, 96, 256, 3, kDefaultGramRestart),
+                                   {NsAlgorithm::gram, "test", true, "test: side by side"}}});
+  const MatrixShape shape{1, 96, 256};
+  std::vector<std::vector<float>> mom, mom_alone;
+  for (int i = 0; i < 3; ++i) {
+    mom.push_back(random_values(static_cast<size_t>(shape.numel()), 300 + i));
+    mom_alone.push_back(mom.back());
+  }
+  std::vector<NsJob> jobs;
+  for (int i = 0; i < 3; ++i) {
+    jobs.push_back(make_job("s" + std::to_string(i), shape, o, mom[i], 310 + i));
+    jobs.back().step = i;
+  }
+  std::vector<std::vector<float>> grads;
+  for (const auto& j : jobs) grads.push_back(j.grad);
+  const auto done = run_batched(std::move(jobs));
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(done[i].error.empty()) << done[i].error;
+    std::vector<float> update(grads[i].size());
+    ASSERT_TRUE(reference->muon_update("alone", shape, grads[i].data(), mom_alone[i].data(),
+                                       update.data(), o));
+    EXPECT_TRUE(bitwise_equal(done[i].update, update)) << i;
+    EXPECT_TRUE(bitwise_equal(mom[i], mom_alone[i])) << i;
   }
 }
 

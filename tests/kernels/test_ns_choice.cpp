@@ -139,15 +139,25 @@ TEST(NsChoiceTable, AMalformedFileIsAnErrorNamingIt) {
 
 TEST(NsChoiceTable, ChoicesRoundTripAsJsonAndBadTextIsRefused) {
   const std::vector<NsChoiceTable::Entry> choices = {
-      {"m1", "fp32 8x16 steps=5 restart=2", {NsAlgorithm::syrk, "why"}},
-      {"m2", "fp32 4x4 steps=5 restart=2", {NsAlgorithm::gram, ""}}};
+      {"m1", "fp32 8x16 steps=5 restart=2", {NsAlgorithm::syrk, "why", true, "batch why"}},
+      {"m2", "fp32 4x4 steps=5 restart=2", {NsAlgorithm::gram, "", false, ""}}};
   const auto back = ns_choices_from_json(ns_choices_to_json(choices));
   ASSERT_EQ(back.size(), 2u);
   EXPECT_EQ(back[0].machine, "m1");
   EXPECT_EQ(back[0].choice.algorithm, NsAlgorithm::syrk);
   EXPECT_EQ(back[0].choice.reason, "why");
+  EXPECT_TRUE(back[0].choice.side_by_side);
+  EXPECT_EQ(back[0].choice.batch_reason, "batch why");
   EXPECT_EQ(back[1].key, "fp32 4x4 steps=5 restart=2");
   EXPECT_EQ(back[1].choice.algorithm, NsAlgorithm::gram);
+  EXPECT_FALSE(back[1].choice.side_by_side);
+  // A snapshot from before batching: one at a time.
+  const auto old = ns_choices_from_json(R"([{"machine": "m", "key": "k", "algorithm": "syrk"}])");
+  ASSERT_EQ(old.size(), 1u);
+  EXPECT_FALSE(old[0].choice.side_by_side);
+  EXPECT_THROW(
+      ns_choices_from_json(R"([{"machine": "m", "key": "k", "algorithm": "syrk", "side_by_side": 1}])"),
+      InvalidArgument);
   EXPECT_THROW(ns_choices_from_json("{"), InvalidArgument);
   EXPECT_THROW(ns_choices_from_json(R"([{"machine": "m"}])"), InvalidArgument);
   EXPECT_THROW(ns_choices_from_json(R"([{"machine": "m", "key": "k", "algorithm": "fast"}])"),
@@ -176,4 +186,92 @@ TEST(NsChoiceTable, AMissingFolderIsMadeAndAnUnwritableOneIsAClearError) {
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("MUON_OFFLOAD_NS_TABLE"), std::string::npos) << e.what();
   }
+}
+
+TEST(NsChoice, SideBySideOnlyWhenItWinsByMoreThanThreePercent) {
+  NsChoice c;
+  choose_ns_batching({2, 0.010, 0.0096, 0.005, 0.005}, c);  // 4 % faster: side by side
+  EXPECT_TRUE(c.side_by_side);
+  EXPECT_NE(c.batch_reason.find("side by side: 2 matrices side by side (one BLAS thread each) "
+                                "9.6 ms, one at a time on 2 threads 10 ms; a lone one on 1 "
+                                "thread 5 ms, on 2 5 ms"),
+            std::string::npos)
+      << c.batch_reason;
+  choose_ns_batching({2, 0.010, 0.0098, 0.005, 0.005}, c);  // 2 %: a tie keeps one at a time
+  EXPECT_FALSE(c.side_by_side);
+  choose_ns_batching({2, 0.010, 0.012, 0.005, 0.005}, c);
+  EXPECT_FALSE(c.side_by_side);
+  // Batches gain, but a lone matrix would run 4 % slower on one thread: one at a time.
+  choose_ns_batching({2, 0.010, 0.008, 0.005, 0.0052}, c);
+  EXPECT_FALSE(c.side_by_side);
+  choose_ns_batching({2, 0.010, 0.008, 0.005, 0.00514}, c);  // 2.8 %: within
+  EXPECT_TRUE(c.side_by_side);
+  EXPECT_THROW(choose_ns_batching({1, 0.01, 0.01, 0.01, 0.01}, c), InvalidArgument);
+  EXPECT_THROW(choose_ns_batching({2, 0.01, 0.0, 0.01, 0.01}, c), InvalidArgument);
+  EXPECT_THROW(choose_ns_batching({2, NAN, 0.01, 0.01, 0.01}, c), InvalidArgument);
+  EXPECT_THROW(choose_ns_batching({2, 0.01, 0.01, 0.01, 0.0}, c), InvalidArgument);
+}
+
+TEST(NsChoiceTable, BatchingIsMeasuredOnceForTheChosenAlgorithmAndKeptInTheFile) {
+  TempTable tmp;
+  const std::string key = ns_choice_key(Precision::fp32, 64, 256, 5, 2);
+  std::vector<NsAlgorithm> asked;
+  auto batch = [&](NsAlgorithm a, std::string&) -> std::optional<NsBatchMeasurement> {
+    asked.push_back(a);
+    return NsBatchMeasurement{2, 0.010, 0.008, 0.005, 0.005};
+  };
+  {
+    NsChoiceTable first(tmp.path);
+    const auto c = first.choose("m", key, [] { return times(0.010, 0.008, 0.009); }, batch);
+    EXPECT_EQ(c.algorithm, NsAlgorithm::syrk);
+    EXPECT_TRUE(c.side_by_side);
+    first.choose("m", key, [] { return times(0.010, 0.008, 0.009); }, batch);
+  }
+  EXPECT_EQ(asked, std::vector<NsAlgorithm>{NsAlgorithm::syrk});  // once, for the choice
+  NsChoiceTable second(tmp.path);
+  const auto c = second.choose("m", key, [] { return times(0.001, 0.008, 0.009); }, batch);
+  EXPECT_EQ(asked.size(), 1u);
+  EXPECT_TRUE(c.side_by_side);
+  EXPECT_NE(c.batch_reason.find("8 ms"), std::string::npos) << c.batch_reason;
+  // Nothing to batch: one at a time, and the reason says why.
+  auto none = [](NsAlgorithm, std::string& why) -> std::optional<NsBatchMeasurement> {
+    why = "one BLAS thread here";
+    return std::nullopt;
+  };
+  const auto d = second.choose("m", "other", [] { return times(0.01, 0.02, 0.03); }, none);
+  EXPECT_FALSE(d.side_by_side);
+  EXPECT_EQ(d.batch_reason, "one at a time: one BLAS thread here");
+  // An entry from before batching reads as one at a time.
+  std::ofstream(tmp.path, std::ios::trunc)
+      << R"({"version": 1, "machines": {"m": {"k": {"algorithm": "gram", "reason": "r"}}}})";
+  const auto listed = read_ns_choice_file(tmp.path);
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_FALSE(listed[0].choice.side_by_side);
+}
+
+TEST(NsChoice, HeavyBlocksFollowTheFlopModel) {
+  // Per run of L gram steps: 3 m^2 n + (7 L - 6) m^3; runs of 2 over 5 steps are 2, 2, 1.
+  const double m3 = 64.0 * 64 * 64;
+  EXPECT_DOUBLE_EQ(ns_model_flops(NsAlgorithm::plain, 64, 256, 5, 2), 5 * (16 + 2) * m3);
+  EXPECT_DOUBLE_EQ(ns_model_flops(NsAlgorithm::syrk, 64, 256, 5, 2), 5 * (12 + 1) * m3);
+  EXPECT_DOUBLE_EQ(ns_model_flops(NsAlgorithm::gram, 64, 256, 5, 2), (36 + 8 + 8 + 1) * m3);
+  EXPECT_DOUBLE_EQ(ns_model_flops(NsAlgorithm::gram, 64, 256, 5, 0), (12 + 29) * m3);
+  auto modeled = [](int64_t m, int64_t n) {
+    std::vector<NsMeasurement> v;
+    for (auto a : {NsAlgorithm::plain, NsAlgorithm::syrk, NsAlgorithm::gram}) {
+      v.push_back({a, ns_model_flops(a, m, n, 5, 2), true});
+    }
+    return choose_ns_algorithm(v);
+  };
+  // What the timings chose on these shapes (bench/README.md): syrk square, gram wide.
+  EXPECT_EQ(modeled(4096, 4096).algorithm, NsAlgorithm::syrk);
+  const auto wide = modeled(4096, 14336);
+  EXPECT_EQ(wide.algorithm, NsAlgorithm::gram);
+  EXPECT_NE(wide.reason.find("flop model"), std::string::npos) << wide.reason;
+  EXPECT_NE(wide.reason.find("GFLOP"), std::string::npos) << wide.reason;
+  // Which blocks are heavy: 4096 x 4096 is, GPT-2 small's and 1024 x 4096 are not.
+  auto nominal = [](double m, double n) { return 5 * (4 * m * m * n + 2 * m * m * m); };
+  EXPECT_GT(nominal(4096, 4096), kNsTimedFlops);
+  EXPECT_LT(nominal(1024, 4096), kNsTimedFlops);
+  EXPECT_LT(nominal(768, 3072), kNsTimedFlops);
 }

@@ -115,6 +115,16 @@ TEST(ServerStatus, StatusCommandPrintsTheParameterTable) {
   EXPECT_EQ(row.back(), "owner") << run.out;  // no plan: this server owns what it has
   // The client row names the rank and its client name.
   EXPECT_NE(run.out.find("status-test"), std::string::npos) << run.out;
+  // What auto chose for the parameter's block and why: algorithm, batching, the times.
+  const std::string key = "fp32 16x40 steps=5 restart=2";
+  std::vector<std::string> choice;
+  std::istringstream again(run.out);
+  for (std::string line; std::getline(again, line);) {
+    if (line.find(key) != std::string::npos) choice = words(line);
+  }
+  ASSERT_GE(choice.size(), 8u) << run.out;
+  EXPECT_TRUE(choice[4] == "plain" || choice[4] == "syrk" || choice[4] == "gram") << run.out;
+  EXPECT_NE(run.out.find("fastest within 3 %"), std::string::npos) << run.out;
 
   const auto js = run_cli("status --json --socket " + server.socket());
   ASSERT_EQ(js.exit_code, 0) << js.out;
@@ -123,6 +133,15 @@ TEST(ServerStatus, StatusCommandPrintsTheParameterTable) {
   EXPECT_EQ(st["parameters"][0]["name"], r.name);
   EXPECT_EQ(st["parameters"][0]["last_step"], 1);
   EXPECT_EQ(st["world_size"], 1);
+  bool listed = false;
+  for (const auto& c : st["ns_choices"]) {
+    if (c["key"] != key) continue;
+    listed = true;
+    EXPECT_EQ(c["algorithm"], choice[4]);
+    EXPECT_TRUE(c["side_by_side"].is_boolean());
+    EXPECT_FALSE(c["reason"].get<std::string>().empty());
+  }
+  EXPECT_TRUE(listed) << js.out;
   std::filesystem::remove_all(dir);
 }
 

@@ -16,6 +16,12 @@ import time
 # One BLAS thread, before torch loads OpenBLAS (shared with the Muon kernels, see the example).
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# auto's Newton-Schulz choices in a table of the tests' own, not the user's ~/.cache one (the
+# servers the fixtures start inherit it: server and in-process reference read the same choices).
+os.environ.setdefault(
+    "MUON_OFFLOAD_NS_TABLE",
+    os.path.join(tempfile.gettempdir(), f"muon-offload-tests-{os.getuid()}", "ns-choices.json"),
+)
 
 import pytest  # noqa: E402
 
