@@ -23,7 +23,11 @@ using nlohmann::json;
 
 std::string milliseconds(double seconds) {
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3g ms", seconds * 1e3);
+  if (seconds >= 1.0) {
+    std::snprintf(buf, sizeof buf, "%.3g s", seconds);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.3g ms", seconds * 1e3);
+  }
   return buf;
 }
 

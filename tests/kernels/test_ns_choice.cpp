@@ -40,6 +40,10 @@ TEST(NsChoice, TheFastestCandidateIsChosen) {
   EXPECT_EQ(choose_ns_algorithm(times(0.007, 0.008, 0.009)).algorithm, NsAlgorithm::plain);
   const auto c = choose_ns_algorithm(times(0.010, 0.008, 0.006));
   EXPECT_NE(c.reason.find("plain 10 ms, syrk 8 ms, gram 6 ms"), std::string::npos) << c.reason;
+  // A second and more in seconds.
+  const auto slow = choose_ns_algorithm(times(2.61, 2.49, 0.5));
+  EXPECT_NE(slow.reason.find("plain 2.61 s, syrk 2.49 s, gram 500 ms"), std::string::npos)
+      << slow.reason;
 }
 
 TEST(NsChoice, TiesWithinThreePercentGoToTheEarliestCandidate) {
