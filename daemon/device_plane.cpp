@@ -7,6 +7,7 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -24,6 +25,7 @@
 #include "kernels/device_event.hpp"
 #include "kernels/device_muon.hpp"
 #include "kernels/device_probe.hpp"
+#include "kernels/device_sync_guard.hpp"
 #include "kernels/tile_reduce.hpp"
 #include "transport/cuda_ipc.hpp"
 
@@ -173,16 +175,26 @@ class DeviceContributionStore final : public ContributionStore {
     MUON_CUDA_CHECK(cudaSetDevice(device_));
     const size_t esize = values.dtype == TileDType::bf16 ? 2 : 4;
     const auto* src = static_cast<const std::byte*>(values.data) + esize * first;
-    if (!values.device) {  // a shared-memory slot: staged (the copy is done when this returns)
+    if (!values.device) {
+      // A shared-memory slot: the caller acks it when this returns, and the client rewrites it,
+      // so the copy out of it must be complete by then. Wait for that copy alone (an event right
+      // after it), not for the reduction behind it (a stream sync per chunk did: gpu-review F10).
+      // Whether cudaMemcpyAsync from pageable memory returns before the copy is done depends on
+      // the platform (the CUDA "API synchronization behavior" page: it "might be synchronous";
+      // with ATS on Grace it can be truly asynchronous), so the wait is explicit. staging_ is
+      // reused by the next chunk's copy on the same stream, after this chunk's reduction (stream
+      // order); growing it frees the old block, and cudaFree waits for the work that reads it.
       staging_.reserve(esize * static_cast<size_t>(n));
       MUON_CUDA_CHECK(cudaMemcpyAsync(staging_.get(), src, esize * static_cast<size_t>(n),
                                       cudaMemcpyHostToDevice, stream_));
+      if (!copied_) copied_.emplace();
+      MUON_CUDA_CHECK(cudaEventRecord(copied_->e, stream_));
       src = staging_.as<std::byte>();
     }
     const TileSource source{src, values.dtype};
     reduce_tiles({&source, 1}, buffers_[rank].as<float>() + at, n,
                  add ? TileReduce::accumulate : TileReduce::assign, stream_);
-    if (!values.device) MUON_CUDA_CHECK(cudaStreamSynchronize(stream_));  // staging reused next
+    if (!values.device) MUON_CUDA_CHECK(cudaEventSynchronize(copied_->e));  // the slot is free
   }
 
   void fill_negative_zero(float* out, int64_t n) override {
@@ -202,6 +214,7 @@ class DeviceContributionStore final : public ContributionStore {
   StreamHandle stream_;
   std::vector<DeviceBuffer> buffers_;
   DeviceBuffer staging_;
+  std::optional<OwnedEvent> copied_;  // recorded after each shared-memory chunk's copy
 };
 
 }  // namespace
@@ -219,6 +232,7 @@ DevicePlane::~DevicePlane() {
     impl_->joiners.join_all();     // before the sync: a join's warm-up transfers end with it
     impl_->teardowns->join_all();  // sessions' communicators, then their rings
     MUON_CUDA_CHECK_NOTHROW(cudaSetDevice(config_.device));
+    const auto sync = device_sync_scope();  // not during a graph capture (gpu-review F7)
     MUON_CUDA_CHECK_NOTHROW(cudaDeviceSynchronize());  // nothing queued may outlive its buffers
   }
 }

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "core/cuda_check.hpp"
+#include "kernels/device_sync_guard.hpp"
 
 namespace muon {
 
@@ -37,6 +38,7 @@ class DeviceBuffer {
     if (ptr_ != nullptr) {
       void* old = std::exchange(ptr_, nullptr);
       bytes_ = 0;
+      const auto sync = device_sync_scope();  // cudaFree syncs the device: not during a capture
       MUON_CUDA_CHECK(cudaFree(old));
     }
     MUON_CUDA_CHECK(cudaMalloc(&ptr_, bytes));
@@ -51,7 +53,10 @@ class DeviceBuffer {
 
  private:
   void release() noexcept {
-    if (ptr_ != nullptr) MUON_CUDA_CHECK_NOTHROW(cudaFree(ptr_));
+    if (ptr_ != nullptr) {
+      const auto sync = device_sync_scope();  // as in reserve()
+      MUON_CUDA_CHECK_NOTHROW(cudaFree(ptr_));
+    }
     ptr_ = nullptr;
     bytes_ = 0;
   }

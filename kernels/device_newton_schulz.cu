@@ -18,6 +18,7 @@
 #include "core/cuda_check.hpp"
 #include "core/error.hpp"
 #include "kernels/device_buffer.hpp"
+#include "kernels/device_sync_guard.hpp"
 #include "kernels/device_newton_schulz.hpp"
 #include "kernels/elementwise.hpp"
 
@@ -420,21 +421,26 @@ struct DeviceNewtonSchulz::Impl {
     reserve<T>(g->ws, key.count, key.m, key.n, key.gram_restart >= 0);
     const cudaStream_t cs = capture_stream->get();
     bind(cs);
-    MUON_CUDA_CHECK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal));
     cudaGraph_t graph = nullptr;
-    try {
-      MUON_CUDA_CHECK(cudaMemsetAsync(g->flag.get(), 0, sizeof(int), cs));
-      enqueue<T>(g->ws, g->io.as<float>(), key.count, key.m, key.n, coefficients, options, cs,
-                 g->flag.as<int>());
-    } catch (...) {
-      // End the capture so the stream is usable again; the partial graph is dropped.
-      if (cudaStreamEndCapture(cs, &graph) == cudaSuccess && graph != nullptr) {
-        cudaGraphDestroy(graph);
+    {
+      // No other thread of the process may synchronize the device until the capture ends
+      // (gpu-review F7). Everything it needs is reserved above, so nothing inside frees.
+      const auto exclusive = capture_scope();
+      MUON_CUDA_CHECK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal));
+      try {
+        MUON_CUDA_CHECK(cudaMemsetAsync(g->flag.get(), 0, sizeof(int), cs));
+        enqueue<T>(g->ws, g->io.as<float>(), key.count, key.m, key.n, coefficients, options, cs,
+                   g->flag.as<int>());
+      } catch (...) {
+        // End the capture so the stream is usable again; the partial graph is dropped.
+        if (cudaStreamEndCapture(cs, &graph) == cudaSuccess && graph != nullptr) {
+          cudaGraphDestroy(graph);
+        }
+        cudaGetLastError();
+        throw;
       }
-      cudaGetLastError();
-      throw;
+      MUON_CUDA_CHECK(cudaStreamEndCapture(cs, &graph));
     }
-    MUON_CUDA_CHECK(cudaStreamEndCapture(cs, &graph));
     const cudaError_t err = cudaGraphInstantiate(&g->exec, graph, 0);
     MUON_CUDA_CHECK_NOTHROW(cudaGraphDestroy(graph));  // the executable graph keeps what it needs
     MUON_CUDA_CHECK(err);
@@ -456,7 +462,14 @@ struct DeviceNewtonSchulz::Impl {
     for (const NsCoefficients& k : coefficients)
       key.coefficients.insert(key.coefficients.end(), {k.a, k.b, k.c});
     auto it = graphs.find(key);
-    if (it == graphs.end()) it = graphs.emplace(key, capture<T>(key, coefficients, options)).first;
+    if (it == graphs.end()) {
+      // The first call of a key runs uncaptured, then captures for the next calls: cuBLAS and
+      // lazily loaded modules warm up outside a capture (as PyTorch advises before
+      // torch.cuda.graph; gpu-review F7), and the first step does not depend on the capture.
+      enqueue<T>(ws, x, count, m, n, coefficients, options, stream, nonfinite);
+      graphs.emplace(key, capture<T>(key, coefficients, options));
+      return;
+    }
     CapturedGraph& g = *it->second;
     const size_t bytes = sizeof(float) * static_cast<size_t>(count * m * n);
     MUON_CUDA_CHECK(cudaMemcpyAsync(g.io.get(), x, bytes, cudaMemcpyDeviceToDevice, stream));
@@ -485,6 +498,7 @@ DeviceNewtonSchulz::DeviceNewtonSchulz(bool capture_graphs)
 DeviceNewtonSchulz::~DeviceNewtonSchulz() {
   // Let queued work that uses the buffers and graphs finish before they are released.
   MUON_CUDA_CHECK_NOTHROW(cudaSetDevice(impl_->device));
+  const auto sync = device_sync_scope();  // not during another instance's capture (F7)
   MUON_CUDA_CHECK_NOTHROW(cudaDeviceSynchronize());
 }
 

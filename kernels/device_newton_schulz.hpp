@@ -27,8 +27,11 @@ namespace muon {
 /// as batched m x m GEMMs, with R, P and Q stored in T like A and B.
 ///
 /// Graph capture (capture_graphs): the first call for a (count, rows, cols, precision, eps,
-/// eps mode, coefficients, gram or not and its restart) key captures the whole sequence once into a CUDA graph with its own
-/// buffers (cudaStreamBeginCapture/EndCapture, cudaGraphInstantiate); later calls with that key
+/// eps mode, coefficients, gram or not and its restart) key runs uncaptured (a warm-up: cuBLAS
+/// and lazily loaded modules are first used outside a capture) and then captures the whole
+/// sequence once into a CUDA graph with its own buffers (cudaStreamBeginCapture/EndCapture in
+/// cudaStreamCaptureModeThreadLocal, under capture_scope() so that no other thread synchronizes
+/// the device meanwhile: device_sync_guard.hpp; cudaGraphInstantiate); later calls with that key
 /// copy X into the graph's buffer, replay it (cudaGraphLaunch) and copy the result back: the same
 /// kernels and cuBLAS calls on the same handle and workspace, so the same bits as the uncaptured
 /// run. Each captured key keeps its buffers (about 2x the key's X plus its Gram matrices) for the

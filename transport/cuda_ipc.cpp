@@ -9,6 +9,7 @@
 
 #include "core/cuda_check.hpp"
 #include "core/error.hpp"
+#include "kernels/device_sync_guard.hpp"
 
 namespace muon::transport {
 namespace {
@@ -69,6 +70,7 @@ void* CudaIpcOpener::open(const IpcHandleBytes& handle) {
 }
 
 void CudaIpcOpener::close(void* base) noexcept {
+  const auto sync = device_sync_scope();  // closing a mapping syncs the device (gpu-review F7)
   MUON_CUDA_CHECK_NOTHROW(cudaIpcCloseMemHandle(base));
 }
 
@@ -211,7 +213,11 @@ DeviceRing::~DeviceRing() {
 void DeviceRing::release() noexcept {
   destroy_events();
   if (base_ != nullptr) {
-    // cudaFree waits for the device, so no queued copy into the ring is cut short.
+    // cudaFree waits for this process's queued work on the device, so none of our copies into
+    // the ring is cut short. It does not wait for the peer's: a close this side starts (a
+    // timeout, a failed data plane, shutdown) can free memory the peer still writes, which the
+    // peer sees as an error on its next copy, not as corrupted memory here.
+    const auto sync = device_sync_scope();  // not during a graph capture (gpu-review F7)
     MUON_CUDA_CHECK_NOTHROW(cudaFree(base_));
     base_ = nullptr;
   }

@@ -5,18 +5,23 @@
 // reason where no GPU is usable.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <iostream>
 #include <limits>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/error.hpp"
 #include "kernels/backend.hpp"
+#include "kernels/device_buffer.hpp"
 #include "kernels/device_muon.hpp"
 #include "kernels/device_stream.hpp"
+#include "kernels/device_sync_guard.hpp"
 #include "kernels/elementwise.hpp"
 #include "tests/kernels/device_vector.hpp"
 #include "tests/kernels/svd_oracle.hpp"
@@ -116,6 +121,33 @@ TEST(StreamPriorityNames, ParseAndReject) {
   EXPECT_THROW(parse_stream_priority("urgent"), InvalidArgument);
 }
 
+// gpu-review F7: device-synchronizing calls share the guard, a capture excludes them all.
+TEST(DeviceSyncGuard, SyncsRunSideBySideAndACaptureExcludesThem) {
+  {
+    const auto first = device_sync_scope();
+    std::atomic<bool> second_held{false};
+    std::thread other([&] {
+      const auto second = device_sync_scope();  // would block forever if scopes excluded
+      second_held = true;
+    });
+    other.join();
+    EXPECT_TRUE(second_held);
+  }
+  std::atomic<bool> sync_held{false};
+  std::thread syncer;
+  {
+    const auto exclusive = capture_scope();
+    syncer = std::thread([&] {
+      const auto sync = device_sync_scope();
+      sync_held = true;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_FALSE(sync_held) << "a device sync ran while a capture held the guard";
+  }
+  syncer.join();
+  EXPECT_TRUE(sync_held);
+}
+
 // ---- GPU tests --------------------------------------------------------------------------------
 
 TEST_F(DeviceMuonTest, MomentumIsBitwiseTheHostsElementwiseMath) {
@@ -210,7 +242,7 @@ TEST_F(DeviceMuonTest, GraphReplayIsBitwiseTheUncapturedRun) {
       const auto n = static_cast<size_t>(k.shape.numel());
       const auto g = gaussian(n, ++seed), m0 = gaussian(n, ++seed);
       const auto plain = device_step(*dm_, k.shape, g, m0, o);
-      const auto captured = device_step(graphs, k.shape, g, m0, o);  // first call: capture
+      const auto captured = device_step(graphs, k.shape, g, m0, o);  // first: run, capture
       const auto replayed = device_step(graphs, k.shape, g, m0, o);  // second: replay only
       EXPECT_TRUE(bitwise_equal(captured.update, plain.update)) << k.shape.str();
       EXPECT_TRUE(bitwise_equal(replayed.update, plain.update)) << k.shape.str();
@@ -225,6 +257,46 @@ TEST_F(DeviceMuonTest, GraphReplayIsBitwiseTheUncapturedRun) {
   EXPECT_EQ(graphs.captured_graphs(), after)
       << "a known (shape, options) key is not captured again";
   EXPECT_EQ(dm_->captured_graphs(), 0u);
+}
+
+// gpu-review F7: a capture on this thread while another frees and reallocates device memory
+// (as the io thread does when a session closes or a buffer grows) stays valid, and replays give
+// the uncaptured bits. Without the guard the frees would invalidate captures on a real GPU.
+TEST_F(DeviceMuonTest, CapturesStayValidWhileAnotherThreadFrees) {
+  DeviceMuon graphs({.device = 0, .capture_graphs = true});
+  std::atomic<bool> stop{false};
+  std::atomic<int> frees{0};
+  std::thread churn([&] {
+    size_t bytes = 1 << 20;
+    while (!stop) {
+      DeviceBuffer b;
+      b.reserve(bytes);
+      b.reserve(bytes * 2);  // grows: frees the first block
+      ++frees;
+      bytes = bytes % (size_t(8) << 20) + (1 << 20);
+    }
+  });
+  unsigned seed = 170;
+  size_t keys = 0;
+  for (int round = 0; round < 3; ++round) {
+    for (const Case& k : kCases) {
+      auto o = options_of(MomentumConvention::sum, true, Precision::fp32);
+      o.orthogonalize.row_splits = k.splits;
+      o.orthogonalize.eps = 1e-7f * static_cast<float>(round + 1);  // a new key each round
+      const auto n = static_cast<size_t>(k.shape.numel());
+      const auto g = gaussian(n, ++seed), m0 = gaussian(n, ++seed);
+      const auto plain = device_step(*dm_, k.shape, g, m0, o);
+      const auto first = device_step(graphs, k.shape, g, m0, o);
+      const auto replayed = device_step(graphs, k.shape, g, m0, o);
+      EXPECT_TRUE(bitwise_equal(first.update, plain.update)) << k.shape.str();
+      EXPECT_TRUE(bitwise_equal(replayed.update, plain.update)) << k.shape.str();
+    }
+    keys = graphs.captured_graphs();
+  }
+  stop = true;
+  churn.join();
+  EXPECT_GT(frees.load(), 0);
+  EXPECT_GE(keys, 3 * std::size(kCases)) << "every case of every round is a new key";
 }
 
 TEST_F(DeviceMuonTest, StreamPrioritiesGiveTheSameBits) {
