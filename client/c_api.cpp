@@ -169,6 +169,27 @@ int muon_client_push_device(muon_client* c, const char* name, int64_t step, int6
   });
 }
 
+int muon_client_push_packed(muon_client* c, const char* name, int64_t step, int64_t packed,
+                            const void* data, int64_t count) {
+  return guarded([&] {
+    if (!c || !name || (count > 0 && !data))
+      throw muon::InvalidArgument("muon_client_push_packed: null argument");
+    c->impl->push_packed(name, step, packed, data, count);
+    return MUON_OK;
+  });
+}
+
+int muon_client_push_packed_device(muon_client* c, const char* name, int64_t step, int64_t packed,
+                                   const void* device_ptr, int64_t count, void* cuda_stream) {
+  return guarded([&] {
+    if (!c || !name || (count > 0 && !device_ptr))
+      throw muon::InvalidArgument("muon_client_push_packed_device: null argument");
+    c->impl->push_packed_device(name, step, packed, device_ptr, count,
+                                static_cast<muon::StreamHandle>(cuda_stream));
+    return MUON_OK;
+  });
+}
+
 int muon_client_push_stream(muon_client* c, const char* name, void** cuda_stream) {
   return guarded([&] {
     if (!c || !name || !cuda_stream)
@@ -287,6 +308,14 @@ int muon_client_report_step(muon_client* c, int64_t step, double* exposed_wait_s
       std::memcpy(slowest, stats.slowest_parameter.data(), n);
       slowest[n] = '\0';
     }
+    return MUON_OK;
+  });
+}
+
+int muon_client_last_push_frames(muon_client* c, int64_t* push_frames) {
+  return guarded([&] {
+    if (!c || !push_frames) throw muon::InvalidArgument("muon_client_last_push_frames: null argument");
+    *push_frames = c->impl->last_step_stats().push_frames;
     return MUON_OK;
   });
 }

@@ -95,12 +95,15 @@ void Client::register_parameters(const std::vector<ParameterRegistration>& param
                             std::to_string(p.server) + " but " +
                             std::to_string(connections_.size()) + " server(s) configured");
     }
-    transport::RegisterParam m{p.name, p.shape, p.grad_dtype, p.update_dtype, p.options,
-                               p.push, p.want,  config_.job,  config_.resume};
+    // Packed: every chunk of this rank is addressed by packed position, so a column block (a
+    // row range x a column range: one range per row) is one push and one update.
+    transport::RegisterParam m{p.name,    p.shape, p.grad_dtype,   p.update_dtype, p.options,
+                               p.push,    p.want,  config_.job,    config_.resume, true};
     auto& c = connection(static_cast<size_t>(p.server));
-    c.expect_updates(p.name, p.want, transport::dtype_bytes(p.update_dtype));
+    c.expect_updates(p.name, p.want, transport::dtype_bytes(p.update_dtype), true);
     sent.emplace_back(static_cast<size_t>(p.server), c.send_register(m));
     params_[p.name] = p;
+    push_sets_.erase(p.name);
   }
   for (size_t i = 0; i < params.size(); ++i) {
     connections_[sent[i].first]->wait_register(sent[i].second, params[i].name);
@@ -116,25 +119,36 @@ void Client::set_job(std::string job, bool resume) {
   config_.resume = resume;
 }
 
+const RangeSet& Client::push_set(const std::string& name) {
+  auto it = push_sets_.find(name);
+  if (it != push_sets_.end()) return it->second;
+  const auto& reg = registration(name);
+  int64_t numel = 1;
+  for (auto d : reg.shape) numel *= d;
+  return push_sets_
+      .emplace(name, RangeSet::disjoint(reg.push, numel, "parameter '" + name + "': push"))
+      .first->second;
+}
+
 void Client::for_each_piece(const std::string& name, int64_t offset, int64_t count,
-                            const std::function<void(int64_t, int64_t)>& piece) {
+                            const std::function<void(int64_t, int64_t, int64_t)>& piece) {
   const auto& reg = registration(name);
   const int64_t esize = static_cast<int64_t>(transport::dtype_bytes(reg.grad_dtype));
-  // The server takes chunks that lie inside one push range: cut the data at range boundaries,
-  // and refuse here (naming the elements) what lies outside every push range.
+  const auto& set = push_set(name);
+  const auto& ranges = set.ranges();
+  // A chunk addresses one push range by element here: cut the data at range boundaries, and
+  // refuse (naming the element) what lies outside every push range.
   int64_t pos = offset;
   const int64_t end = offset + count;
   while (pos < end) {
-    const transport::Range* inside = nullptr;
-    for (const auto& r : reg.push) {
-      if (r.begin <= pos && pos < r.end) inside = &r;
-    }
-    if (!inside) {
+    auto it = std::upper_bound(ranges.begin(), ranges.end(), pos,
+                               [](int64_t off, const transport::Range& r) { return off < r.begin; });
+    if (it == ranges.begin() || std::prev(it)->end <= pos) {
       throw InvalidArgument("parameter '" + name + "': element " + std::to_string(pos) +
                             " is outside the push ranges this rank registered");
     }
-    const int64_t n = std::min(end, inside->end) - pos;
-    piece(pos, n);
+    const int64_t n = std::min(end, std::prev(it)->end) - pos;
+    piece(pos, *set.packed_offset(pos, n), n);
     window_.bytes_pushed += n * esize;
     pos += n;
   }
@@ -144,10 +158,31 @@ void Client::push(const std::string& name, int64_t step, int64_t offset, const v
                   int64_t count) {
   const size_t esize = transport::dtype_bytes(registration(name).grad_dtype);
   const auto* bytes = static_cast<const std::byte*>(data);
-  for_each_piece(name, offset, count, [&](int64_t pos, int64_t n) {
-    owner(name).push(name, step, pos, bytes + (pos - offset) * static_cast<int64_t>(esize), n,
-                     esize, transport::ChunkKind::gradient);
+  for_each_piece(name, offset, count, [&](int64_t pos, int64_t packed, int64_t n) {
+    window_.push_frames +=
+        owner(name).push(name, step, packed, bytes + (pos - offset) * static_cast<int64_t>(esize),
+                         n, esize, transport::ChunkKind::gradient);
   });
+}
+
+void Client::check_packed(const std::string& name, int64_t packed, int64_t count) {
+  const auto& set = push_set(name);
+  if (count < 0 || packed < 0 || packed > set.elements() - count) {
+    throw InvalidArgument("parameter '" + name + "': packed elements [" + std::to_string(packed) +
+                          ", " + std::to_string(packed + count) + ") are not inside the " +
+                          std::to_string(set.elements()) + " elements this rank pushes");
+  }
+  window_.bytes_pushed +=
+      count * static_cast<int64_t>(transport::dtype_bytes(registration(name).grad_dtype));
+}
+
+void Client::push_packed(const std::string& name, int64_t step, int64_t packed, const void* data,
+                         int64_t count) {
+  check_packed(name, packed, count);
+  if (count == 0) return;
+  const size_t esize = transport::dtype_bytes(registration(name).grad_dtype);
+  window_.push_frames += owner(name).push(name, step, packed, static_cast<const std::byte*>(data),
+                                          count, esize, transport::ChunkKind::gradient);
 }
 
 void Client::push_device(const std::string& name, int64_t step, int64_t offset,
@@ -163,10 +198,29 @@ void Client::push_device(const std::string& name, int64_t step, int64_t offset,
     return;
   }
   const auto* bytes = static_cast<const std::byte*>(device_data);
-  for_each_piece(name, offset, count, [&](int64_t pos, int64_t n) {
-    c.push_device(name, step, pos, bytes + (pos - offset) * static_cast<int64_t>(esize), n, esize,
-                  transport::ChunkKind::gradient, stream);
+  for_each_piece(name, offset, count, [&](int64_t pos, int64_t packed, int64_t n) {
+    window_.push_frames +=
+        c.push_device(name, step, packed, bytes + (pos - offset) * static_cast<int64_t>(esize), n,
+                      esize, transport::ChunkKind::gradient, stream);
   });
+}
+
+void Client::push_packed_device(const std::string& name, int64_t step, int64_t packed,
+                                const void* device_data, int64_t count, StreamHandle stream) {
+  const size_t esize = transport::dtype_bytes(registration(name).grad_dtype);
+  Connection& c = owner(name);
+  if (count > 0) require_device_memory(device_data, "push_device of '" + name + "'");
+  if (c.data_plane() == transport::DataPlane::shm) {
+    std::vector<std::byte> host(static_cast<size_t>(std::max<int64_t>(count, 0)) * esize);
+    copy_device_to_host(host.data(), device_data, host.size(), stream);
+    push_packed(name, step, packed, host.data(), count);
+    return;
+  }
+  check_packed(name, packed, count);
+  if (count == 0) return;
+  window_.push_frames +=
+      c.push_device(name, step, packed, static_cast<const std::byte*>(device_data), count, esize,
+                    transport::ChunkKind::gradient, stream);
 }
 
 StreamHandle Client::push_stream(const std::string& name) {

@@ -103,6 +103,9 @@ struct StepStats {
   int64_t step = -1;              ///< the label given to report_step
   double exposed_wait_s = 0.0;    ///< seconds spent blocked in wait_update
   int64_t bytes_pushed = 0;       ///< gradient bytes pushed (grad dtype)
+  /// Push frames sent (each one ring slot of gradient bytes): a column block pushed with
+  /// push_packed is one frame when it fits a slot, where push() of its rows makes one a row.
+  int64_t push_frames = 0;
   int parameters = 0;             ///< updates taken by wait_update
   std::string slowest_parameter;  ///< of those, the one whose update arrived last ("" if none)
 };
@@ -131,6 +134,18 @@ class Client {
   /// Several pushes of the same elements in one step accumulate on the server. Returns once the
   /// data sits in shared memory.
   void push(const std::string& name, int64_t step, int64_t offset, const void* data, int64_t count);
+  /// Pushes `count` elements (grad dtype) at packed position `packed` of this rank's push ranges
+  /// sorted and laid end to end (what a sharded rank holds: a DTensor's local tensor is its push
+  /// ranges packed): one push for a column block (a row range x a column range), however many
+  /// ranges its rows are, chunked only by the slot size; the server scatters it into the matrix
+  /// (transport::RegisterParam::packed). Several pushes of the same elements in one step
+  /// accumulate, as push(). Throws InvalidArgument (naming the span) when [packed, packed +
+  /// count) is not inside the rank's push elements; nothing is pushed then.
+  void push_packed(const std::string& name, int64_t step, int64_t packed, const void* data,
+                   int64_t count);
+  /// push_packed from CUDA device memory, as push_device (same streams, lifetimes and errors).
+  void push_packed_device(const std::string& name, int64_t step, int64_t packed,
+                          const void* device_data, int64_t count, StreamHandle stream);
   /// push from CUDA device memory: `device_data` holds `count` elements (grad dtype) on the
   /// device current at connection (cuda_ipc, nccl) or any device (shm). cuda_ipc: each chunk is
   /// copied straight into the server's GPU ring (nccl: sent with ncclSend) on the connection's
@@ -212,10 +227,16 @@ class Client {
  private:
   Connection& owner(const std::string& name);
   /// Cuts [offset, offset + count) at the parameter's push ranges and calls piece(element,
-  /// elements) for each piece, counting its bytes as pushed; InvalidArgument (naming the
-  /// element) for elements outside every push range.
+  /// packed position, elements) for each piece, counting its bytes as pushed; InvalidArgument
+  /// (naming the element) for elements outside every push range.
   void for_each_piece(const std::string& name, int64_t offset, int64_t count,
-                      const std::function<void(int64_t, int64_t)>& piece);
+                      const std::function<void(int64_t, int64_t, int64_t)>& piece);
+  /// The push ranges of a registered parameter, sorted, with their packed positions (every
+  /// registration is packed: chunks are addressed by packed position).
+  const RangeSet& push_set(const std::string& name);
+  /// Checks that [packed, packed + count) lies in the rank's packed push elements and counts its
+  /// bytes as pushed; InvalidArgument naming the span otherwise.
+  void check_packed(const std::string& name, int64_t packed, int64_t count);
   /// Runs wait(connection) with the exposed-wait and slowest-parameter accounting of wait_update.
   bool timed_wait(const std::string& name, int64_t step,
                   const std::function<bool(Connection&)>& wait);
@@ -237,6 +258,7 @@ class Client {
   /// only creates them, the reader threads never touch the vector.
   std::vector<std::unique_ptr<Connection>> connections_;
   std::map<std::string, ParameterRegistration> params_;
+  std::map<std::string, RangeSet> push_sets_;  // push_set(), made on first use
 
   std::mutex callback_mu_;  // callback_ and arrivals_ (read by the connections' reader threads)
   UpdateCallback callback_;

@@ -296,12 +296,13 @@ std::string Connection::registration_progress(const std::string& name) {
 }
 
 void Connection::expect_updates(const std::string& name, std::vector<transport::Range> want,
-                                size_t elem_bytes) {
+                                size_t elem_bytes, bool packed) {
   std::sort(want.begin(), want.end(),
             [](const auto& a, const auto& b) { return a.begin < b.begin; });
   std::lock_guard lk(mu_);
   auto& p = params_[name];
   p.want = std::move(want);
+  p.packed = packed;
   p.want_prefix.clear();
   p.want_elems = 0;
   for (const auto& r : p.want) {
@@ -327,34 +328,34 @@ transport::DType dtype_of(size_t elem_bytes) {
 
 }  // namespace
 
-void Connection::push(const std::string& name, int64_t step, int64_t offset, const std::byte* data,
+int64_t Connection::push(const std::string& name, int64_t step, int64_t offset, const std::byte* data,
                       int64_t count, size_t elem_bytes, transport::ChunkKind kind) {
   if (rings_) {
-    push_chunks(name, step, offset, count, elem_bytes, kind,
-                [&](uint32_t slot, int64_t first, int64_t n) {
-                  rings_->copy_in_host(slot, data + first * elem_bytes,
-                                       static_cast<size_t>(n) * elem_bytes);
-                });
+    const int64_t frames =
+        push_chunks(name, step, offset, count, elem_bytes, kind,
+                    [&](uint32_t slot, int64_t first, int64_t n) {
+                      rings_->copy_in_host(slot, data + first * elem_bytes,
+                                           static_cast<size_t>(n) * elem_bytes);
+                    });
     rings_->sync_host_pushes();  // the caller may reuse `data` once this returns
-    return;
+    return frames;
   }
   if (nccl_) {
     DeviceScope scope(nccl_->device());
-    push_chunks(
+    return push_chunks(
         name, step, offset, count, elem_bytes, kind, [](uint32_t, int64_t, int64_t) {},
         [&](int64_t first, int64_t n) {
           nccl_->send_host(data + first * elem_bytes, static_cast<size_t>(n), dtype_of(elem_bytes));
         });
-    return;
   }
-  push_chunks(name, step, offset, count, elem_bytes, kind,
+  return push_chunks(name, step, offset, count, elem_bytes, kind,
               [&](uint32_t slot, int64_t first, int64_t n) {
                 std::memcpy(segment_->tx_slot(slot), data + first * elem_bytes,
                             static_cast<size_t>(n) * elem_bytes);
               });
 }
 
-void Connection::push_device(const std::string& name, int64_t step, int64_t offset,
+int64_t Connection::push_device(const std::string& name, int64_t step, int64_t offset,
                              const std::byte* device_data, int64_t count, size_t elem_bytes,
                              transport::ChunkKind kind, StreamHandle stream) {
   if (!on_device()) {
@@ -366,14 +367,13 @@ void Connection::push_device(const std::string& name, int64_t step, int64_t offs
   require_stream_on_device(stream, plane_device(), scope.previous(),
                            "push_device of '" + name + "' to '" + path_ + "'");
   if (rings_) {
-    push_chunks(name, step, offset, count, elem_bytes, kind,
+    return push_chunks(name, step, offset, count, elem_bytes, kind,
                 [&](uint32_t slot, int64_t first, int64_t n) {
                   rings_->copy_in(slot, device_data + first * elem_bytes,
                                   static_cast<size_t>(n) * elem_bytes, stream);
                 });
-    return;
   }
-  push_chunks(
+  return push_chunks(
       name, step, offset, count, elem_bytes, kind, [](uint32_t, int64_t, int64_t) {},
       [&](int64_t first, int64_t n) {
         nccl_->send(device_data + first * elem_bytes, static_cast<size_t>(n), dtype_of(elem_bytes),
@@ -381,12 +381,13 @@ void Connection::push_device(const std::string& name, int64_t step, int64_t offs
       });
 }
 
-void Connection::push_chunks(const std::string& name, int64_t step, int64_t offset, int64_t count,
+int64_t Connection::push_chunks(const std::string& name, int64_t step, int64_t offset, int64_t count,
                              size_t elem_bytes, transport::ChunkKind kind,
                              const std::function<void(uint32_t, int64_t, int64_t)>& copy,
                              const std::function<void(int64_t, int64_t)>& send) {
   const int64_t per_slot = static_cast<int64_t>(slot_bytes_ / elem_bytes);
   const uint32_t attempt = attempt_of(name, step);
+  int64_t frames = 0;
   for (int64_t done = 0; done < count || (count == 0 && done == 0); done += per_slot) {
     const int64_t n = std::min(per_slot, count - done);
     uint32_t slot = 0;
@@ -429,8 +430,10 @@ void Connection::push_chunks(const std::string& name, int64_t step, int64_t offs
     } else {
       send_frame(MessageType::push, transport::encode(m));
     }
+    ++frames;
     if (count == 0) break;
   }
+  return frames;
 }
 
 uint32_t Connection::attempt_of(const std::string& name, int64_t step) {
@@ -741,14 +744,19 @@ void Connection::handle_update(const transport::Update& u) {
       // Find the want range holding the chunk; its packed position follows.
       bool in_want = false;
       int64_t pos = 0;
-      auto it =
-          std::upper_bound(p.want.begin(), p.want.end(), u.offset,
-                           [](int64_t off, const transport::Range& r) { return off < r.begin; });
-      if (it != p.want.begin()) {
-        const size_t w = static_cast<size_t>(it - p.want.begin() - 1);
-        if (u.offset + u.count <= p.want[w].end) {
-          in_want = true;
-          pos = p.want_prefix[w] + (u.offset - p.want[w].begin);
+      if (p.packed) {  // a packed position: the chunk may span several want ranges
+        in_want = u.offset >= 0 && u.count >= 0 && u.offset <= p.want_elems - u.count;
+        pos = u.offset;
+      } else {
+        auto it =
+            std::upper_bound(p.want.begin(), p.want.end(), u.offset,
+                             [](int64_t off, const transport::Range& r) { return off < r.begin; });
+        if (it != p.want.begin()) {
+          const size_t w = static_cast<size_t>(it - p.want.begin() - 1);
+          if (u.offset + u.count <= p.want[w].end) {
+            in_want = true;
+            pos = p.want_prefix[w] + (u.offset - p.want[w].begin);
+          }
         }
       }
       receive_chunk(p, u, in_want, pos);

@@ -82,7 +82,9 @@ class Connection {
   /// copies are complete, `data` may be reused); never waits for the server's Newton-Schulz.
   /// Data larger than a slot is sent as several chunks. nccl: each chunk is staged into a client
   /// device buffer and sent with ncclSend after its push frame; returns once the sends are done.
-  void push(const std::string& name, int64_t step, int64_t offset, const std::byte* data,
+  /// `offset` is what the Push frame carries (an element, or a packed position under a packed
+  /// registration). Returns the push frames sent.
+  int64_t push(const std::string& name, int64_t step, int64_t offset, const std::byte* data,
             int64_t count, size_t elem_bytes, transport::ChunkKind kind);
   /// The same from CUDA device memory, on a cuda_ipc or nccl connection only: each chunk is
   /// copied straight into the server's tx ring (cuda_ipc), or sent with ncclSend after its push
@@ -94,8 +96,8 @@ class Connection {
   /// a caching allocator is told with its record-stream call on push_stream()). Throws
   /// InvalidArgument on a shm connection or when `stream` belongs to another device than the
   /// plane's (both named; checked with CUDA >= 12.8), DeviceError when CUDA or NCCL fails (nccl
-  /// after the push frame went out: the connection is then lost).
-  void push_device(const std::string& name, int64_t step, int64_t offset,
+  /// after the push frame went out: the connection is then lost). Returns the push frames sent.
+  int64_t push_device(const std::string& name, int64_t step, int64_t offset,
                    const std::byte* device_data, int64_t count, size_t elem_bytes,
                    transport::ChunkKind kind, StreamHandle stream);
   /// The stream pushes from device memory run on (cuda_ipc, nccl); nullptr on shm.
@@ -135,9 +137,11 @@ class Connection {
   void set_update_callback(UpdateCallback cb);
   /// Installs the error callback (it may call this connection, but must not block on it).
   void set_error_callback(ErrorCallback cb);
-  /// Announces the want ranges and update dtype of a parameter before its first update.
+  /// Announces the want ranges and update dtype of a parameter before its first update;
+  /// `packed`: its registration is packed (transport::RegisterParam::packed), so update chunks
+  /// carry packed positions in the sorted want ranges.
   void expect_updates(const std::string& name, std::vector<transport::Range> want,
-                      size_t elem_bytes);
+                      size_t elem_bytes, bool packed = false);
 
   /// The endpoint as given (a socket path or "tcp://HOST:PORT").
   const std::string& socket_path() const { return path_; }
@@ -164,6 +168,7 @@ class Connection {
     std::vector<transport::Range> want;
     std::vector<int64_t> want_prefix;  // packed position of each want range
     int64_t want_elems = 0;
+    bool packed = false;  // update offsets are packed positions (expect_updates)
     size_t elem_bytes = 4;
     // The step being received: chunks land in `receiving` until the step's last one.
     std::vector<std::byte> receiving;           // shm
@@ -215,7 +220,7 @@ class Connection {
   /// `send` (nccl), when given, is called the same way right after the chunk's push frame, both
   /// under nccl_tx_mu_ so that NCCL sends follow the frames' order; one that throws loses the
   /// connection (the server already expects the bytes).
-  void push_chunks(const std::string& name, int64_t step, int64_t offset, int64_t count,
+  int64_t push_chunks(const std::string& name, int64_t step, int64_t offset, int64_t count,
                    size_t elem_bytes, transport::ChunkKind kind,
                    const std::function<void(uint32_t, int64_t, int64_t)>& copy,
                    const std::function<void(int64_t, int64_t)>& send = {});

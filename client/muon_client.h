@@ -110,6 +110,16 @@ int muon_client_push(muon_client* c, const char* name, int64_t step, int64_t off
  * memory. */
 int muon_client_push_device(muon_client* c, const char* name, int64_t step, int64_t offset,
                             const void* device_ptr, int64_t count, void* cuda_stream);
+/* Pushes `count` elements (grad dtype) at packed position `packed` of this rank's push ranges
+ * sorted and laid end to end (a sharded rank's local tensor): a column block (a row range x a
+ * column range, one range per row) goes as one push, chunked only by the slot size, and the
+ * server scatters it into the matrix. MUON_ERR_INVALID when [packed, packed + count) is not
+ * inside the rank's push elements (nothing pushed). */
+int muon_client_push_packed(muon_client* c, const char* name, int64_t step, int64_t packed,
+                            const void* data, int64_t count);
+/* muon_client_push_packed from CUDA device memory, as muon_client_push_device. */
+int muon_client_push_packed_device(muon_client* c, const char* name, int64_t step, int64_t packed,
+                                   const void* device_ptr, int64_t count, void* cuda_stream);
 /* The cudaStream_t that muon_client_push_device of `name` copies on (*cuda_stream; NULL on shm),
  * for a caching allocator's record-stream call on the pushed buffer. MUON_ERR_INVALID for an
  * unknown parameter. */
@@ -154,6 +164,11 @@ int muon_client_reconnect(muon_client* c);
 int muon_client_report_step(muon_client* c, int64_t step, double* exposed_wait_s,
                             int64_t* bytes_pushed, int* parameters, char* slowest,
                             int64_t slowest_len);
+
+/* The push frames (ring slots of gradient bytes) of the step the last muon_client_report_step
+ * closed, into *push_frames: one per slot-sized chunk of each push (a column block pushed with
+ * muon_client_push_packed is one when it fits a slot). */
+int muon_client_last_push_frames(muon_client* c, int64_t* push_frames);
 
 /* The in-process Muon (muon_local_update) is not in this library: it is
  * libmuon_offload_reference.so (muon_reference.h), so that trainers that offload load no BLAS. */

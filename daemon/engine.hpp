@@ -154,6 +154,12 @@ class Engine {
   /// "rank 3", or "relay server 1" for a relay's rank.
   std::string rank_name(int rank) const;
   void send_update(const std::string& name, Param& p, NsJob& job);
+  /// send_update to a rank of a packed registration (RankRanges::packed): chunks of its packed
+  /// `want` ranges, a chunk spanning ranges where they are a column block's rows; `host_update`
+  /// gives the update in host memory (read back once per step on the GPU data plane).
+  void send_packed_update(const std::string& name, Param& p, NsJob& job, Session& s,
+                          const std::vector<Range>& want,
+                          const std::function<const float*()>& host_update);
   /// A step the machine dropped (timeout, lost rank, shutdown): logged, counted, its timer
   /// cancelled, the error sent to the parameter's ranks but `except_rank`.
   void report_dropped(Param& p, const transport::ErrorMsg& error, int except_rank);

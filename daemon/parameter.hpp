@@ -28,6 +28,9 @@ struct RankRanges {
   int rank = 0;
   std::vector<Range> push;
   std::vector<Range> want;
+  /// The rank's gradient chunks and updates are addressed by packed position in push / want
+  /// (transport::RegisterParam::packed): one chunk may span several ranges.
+  bool packed = false;
 };
 
 /// A parameter whose registration is complete (every expected registrant registered it).

@@ -64,7 +64,7 @@ int PendingRegistration::slot_of(int rank) const {
 }
 
 bool PendingRegistration::add(int rank, const ParameterSpec& spec, std::vector<Range> push,
-                              std::vector<Range> want) {
+                              std::vector<Range> want, bool packed) {
   const std::string who = "parameter '" + spec_.name + "' " + rank_text(rank, world_size_);
   const int slot = slot_of(rank);
   if (slot < 0) {
@@ -89,7 +89,7 @@ bool PendingRegistration::add(int rank, const ParameterSpec& spec, std::vector<R
   // Everything is checked on the local copies first: a throw leaves the state as it was.
   normalize_ranges(push, numel, who, "push");
   normalize_ranges(want, numel, who, "want");
-  ranks_[static_cast<size_t>(slot)] = RankRanges{rank, std::move(push), std::move(want)};
+  ranks_[static_cast<size_t>(slot)] = RankRanges{rank, std::move(push), std::move(want), packed};
   return missing_ranks().empty();
 }
 

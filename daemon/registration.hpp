@@ -28,8 +28,9 @@ class PendingRegistration {
   /// checked separately). The spec must equal the first registrant's (same_spec). Throws
   /// InvalidArgument naming the parameter, the rank and the offending range or field (or a rank
   /// that is not a registrant); on a throw nothing changes. Returns true once every registrant
-  /// has registered.
-  bool add(int rank, const ParameterSpec& spec, std::vector<Range> push, std::vector<Range> want);
+  /// has registered. `packed`: RankRanges::packed.
+  bool add(int rank, const ParameterSpec& spec, std::vector<Range> push, std::vector<Range> want,
+           bool packed = false);
 
   /// The registrants, ascending.
   const std::vector<int>& registrants() const { return registrants_; }

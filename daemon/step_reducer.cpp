@@ -59,14 +59,19 @@ std::string StepReducer::who(int rank) const {
          std::to_string(rank);
 }
 
-void StepReducer::add(int rank, int64_t offset, const Contribution& values) {
+StepReducer::RankState& StepReducer::writable(int rank) {
   if (rank < 0 || rank >= static_cast<int>(ranks_.size())) {
     throw InvalidArgument(who(rank) + ": rank outside [0, " + std::to_string(ranks_.size()) + ")");
   }
   auto& st = ranks_[static_cast<size_t>(rank)];
-  const auto& push = layout_.ranks[static_cast<size_t>(rank)].push;
   if (st.packed_size == 0) throw InvalidArgument(who(rank) + ": this rank pushes nothing");
   if (st.committed) throw InvalidArgument(who(rank) + ": already committed this step");
+  return st;
+}
+
+void StepReducer::add(int rank, int64_t offset, const Contribution& values) {
+  writable(rank);
+  const auto& push = layout_.ranks[static_cast<size_t>(rank)].push;
   const int64_t n = values.count;
   if (n < 0) throw InvalidArgument(who(rank) + ": negative element count");
   if (n == 0) return;
@@ -77,8 +82,31 @@ void StepReducer::add(int rank, int64_t offset, const Contribution& values) {
     throw InvalidArgument(who(rank) + ": elements " + range_str(offset, offset + n) +
                           " are not inside one of the rank's push ranges");
   }
-  --it;
-  const auto index = static_cast<size_t>(it - push.begin());
+  write_piece(rank, static_cast<size_t>(std::prev(it) - push.begin()), offset, values, 0, n);
+}
+
+void StepReducer::add_packed(int rank, int64_t packed, const Contribution& values) {
+  auto& st = writable(rank);
+  const auto& push = layout_.ranks[static_cast<size_t>(rank)].push;
+  const int64_t n = values.count;
+  if (n < 0) throw InvalidArgument(who(rank) + ": negative element count");
+  if (n == 0) return;
+  // Checked before anything is written: a refused chunk leaves the rank's buffer as it was.
+  if (!for_each_packed_piece(push, st.packed_begin, packed, n, [](auto...) {})) {
+    throw InvalidArgument(who(rank) + ": packed elements " + range_str(packed, packed + n) +
+                          " are not inside the rank's " + std::to_string(st.packed_size) +
+                          " pushed elements");
+  }
+  for_each_packed_piece(push, st.packed_begin, packed, n,
+                        [&](size_t index, int64_t element, int64_t pos, int64_t count) {
+                          write_piece(rank, index, element, values, pos - packed, count);
+                        });
+}
+
+void StepReducer::write_piece(int rank, size_t index, int64_t offset, const Contribution& values,
+                              int64_t first, int64_t n) {
+  auto& st = ranks_[static_cast<size_t>(rank)];
+  const Range& range = layout_.ranks[static_cast<size_t>(rank)].push[index];
   // Elements this rank already pushed in this step accumulate (gradient accumulation, in push
   // order); the others are written as they come: bitwise -0 + v == v, without a fill pass over
   // the buffer. `pushed` is the rank's coverage: sorted, disjoint, merged.
@@ -86,37 +114,38 @@ void StepReducer::add(int rank, int64_t offset, const Contribution& values) {
     store_->resize(static_cast<size_t>(rank), st.packed_size);
     st.sized = true;
   }
-  const int64_t base = st.packed_begin[index] + (offset - it->begin);  // offset's packed index
+  const int64_t base = st.packed_begin[index] + (offset - range.begin);  // offset's packed index
   const auto r = static_cast<size_t>(rank);
   const int64_t end = offset + n;
   auto cov = std::lower_bound(st.pushed.begin(), st.pushed.end(), offset,
                               [](const Range& c, int64_t pos) { return c.end <= pos; });
   for (int64_t pos = offset; pos < end;) {
     if (cov == st.pushed.end() || cov->begin >= end) {
-      store_->write(r, base + (pos - offset), values, pos - offset, end - pos, false);
+      store_->write(r, base + (pos - offset), values, first + (pos - offset), end - pos, false);
       break;
     }
     if (cov->begin > pos) {
-      store_->write(r, base + (pos - offset), values, pos - offset, cov->begin - pos, false);
+      store_->write(r, base + (pos - offset), values, first + (pos - offset), cov->begin - pos,
+                    false);
       pos = cov->begin;
     }
     const int64_t stop = std::min(end, cov->end);
-    store_->write(r, base + (pos - offset), values, pos - offset, stop - pos, true);
+    store_->write(r, base + (pos - offset), values, first + (pos - offset), stop - pos, true);
     pos = stop;
     ++cov;
   }
   // Merge [offset, end) into the coverage (the common streaming case appends at the back).
-  auto first = std::lower_bound(st.pushed.begin(), st.pushed.end(), offset,
-                                [](const Range& r, int64_t pos) { return r.end < pos; });
-  auto last = first;
+  auto first_cov = std::lower_bound(st.pushed.begin(), st.pushed.end(), offset,
+                                    [](const Range& c, int64_t pos) { return c.end < pos; });
+  auto last = first_cov;
   Range merged{offset, end};
   while (last != st.pushed.end() && last->begin <= end) {
     merged.begin = std::min(merged.begin, last->begin);
     merged.end = std::max(merged.end, last->end);
     ++last;
   }
-  first = st.pushed.erase(first, last);
-  st.pushed.insert(first, merged);
+  first_cov = st.pushed.erase(first_cov, last);
+  st.pushed.insert(first_cov, merged);
 }
 
 void StepReducer::commit(int rank) {

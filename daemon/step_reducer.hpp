@@ -39,6 +39,17 @@ class StepReducer {
     add(rank, offset,
         Contribution{values.data(), TileDType::f32, false, static_cast<int64_t>(values.size())});
   }
+  /// add() at packed position `packed` of the rank's push ranges (a packed registration,
+  /// transport::RegisterParam::packed): the values may span several ranges (a column block's
+  /// rows), each piece added as add() adds it, so the sums are bitwise those of per-range pushes.
+  /// Throws InvalidArgument as add(), naming the packed span when it is not inside the rank's
+  /// pushed elements.
+  void add_packed(int rank, int64_t packed, const Contribution& values);
+  void add_packed(int rank, int64_t packed, std::span<const float> values) {
+    add_packed(rank, packed,
+               Contribution{values.data(), TileDType::f32, false,
+                            static_cast<int64_t>(values.size())});
+  }
 
   /// Declares which try of this step the rank's next push or commit belongs to
   /// (transport::Push::attempt). A higher attempt than the rank's current one discards what the
@@ -74,6 +85,11 @@ class StepReducer {
     int64_t packed_size = 0;            // total elements of the rank's push ranges
   };
   std::string who(int rank) const;  // "parameter 'w' step 3 rank 1"
+  /// The rank's state after the checks add() and add_packed() share.
+  RankState& writable(int rank);
+  /// values[first, first + n) added at elements [offset, offset + n) of push range `index`.
+  void write_piece(int rank, size_t index, int64_t offset, const Contribution& values,
+                   int64_t first, int64_t n);
   std::vector<RankState> ranks_;
   std::unique_ptr<ContributionStore> store_;
 };

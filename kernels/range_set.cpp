@@ -11,6 +11,70 @@ std::string range_text(Range r) {
   return "[" + std::to_string(r.begin) + ", " + std::to_string(r.end) + ")";
 }
 
+std::vector<RangeBlock> blocks_of(std::span<const Range> ranges) {
+  std::vector<RangeBlock> out;
+  for (size_t i = 0; i < ranges.size();) {
+    RangeBlock b{ranges[i], 1, 0};
+    size_t j = i + 1;
+    // Rows of a block never overlap (pitch >= size), whatever order the ranges come in.
+    if (j < ranges.size() && ranges[j].size() == b.first.size() && b.first.size() > 0 &&
+        ranges[j].begin - b.first.begin >= b.first.size()) {
+      b.pitch = ranges[j].begin - b.first.begin;
+      while (j < ranges.size() && ranges[j].size() == b.first.size() &&
+             ranges[j].begin - ranges[j - 1].begin == b.pitch) {
+        ++j;
+      }
+      b.rows = static_cast<int64_t>(j - i);
+    }
+    if (b.rows == 1) b.pitch = 0;
+    out.push_back(b);
+    i = j;
+  }
+  return out;
+}
+
+std::vector<Range> ranges_of(std::span<const RangeBlock> blocks, size_t max_ranges,
+                             int64_t max_end, std::string_view label) {
+  std::vector<Range> out;
+  for (const auto& b : blocks) {
+    const auto bad = [&](const std::string& why) {
+      return InvalidArgument(std::string(label) + ": block " + range_text(b.first) + " x " +
+                             std::to_string(b.rows) + " rows, pitch " + std::to_string(b.pitch) +
+                             " " + why);
+    };
+    if (b.first.begin < 0 || b.first.end < b.first.begin || b.first.end > max_end) {
+      throw bad("starts outside [0, " + std::to_string(max_end) + ")");
+    }
+    if (b.rows < 1) throw bad("has fewer than one row");
+    if (b.rows > 1) {
+      if (b.first.size() == 0) throw bad("repeats an empty range");
+      if (b.pitch < b.first.size()) throw bad("has overlapping rows (pitch below the row size)");
+      // The last row's end, checked without overflow: (rows - 1) * pitch <= max_end - end.
+      if (b.pitch > (max_end - b.first.end) / (b.rows - 1)) {
+        throw bad("ends outside [0, " + std::to_string(max_end) + ")");
+      }
+    }
+    if (static_cast<uint64_t>(b.rows) > max_ranges - out.size()) {
+      throw bad("makes more than " + std::to_string(max_ranges) + " ranges in all");
+    }
+    for (int64_t r = 0; r < b.rows; ++r) {
+      out.push_back({b.first.begin + r * b.pitch, b.first.end + r * b.pitch});
+    }
+  }
+  return out;
+}
+
+std::vector<int64_t> packed_starts(std::span<const Range> ranges) {
+  std::vector<int64_t> prefix;
+  prefix.reserve(ranges.size());
+  int64_t pos = 0;
+  for (const auto& r : ranges) {
+    prefix.push_back(pos);
+    pos += r.size();
+  }
+  return prefix;
+}
+
 RangeSet::RangeSet(std::vector<Range> sorted_disjoint) : ranges_(std::move(sorted_disjoint)) {
   reindex(0);
 }

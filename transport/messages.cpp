@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -107,28 +108,49 @@ class Reader {
   const char* message_;
 };
 
+// Entries of a push / want list on the wire, and the ranges they may expand to (a column block
+// of the largest matrices has one range per row: 53248 for a 405B model's FFN).
 constexpr size_t kMaxRanges = 4096;
+constexpr size_t kMaxExpandedRanges = size_t{1} << 20;
 constexpr int64_t kMaxElements = int64_t{1} << 40;
 
+// A push / want list: [begin, end) pairs and [begin, end, rows, pitch] blocks (RangeBlock),
+// expanded here into ranges, in order.
 std::vector<Range> read_ranges(const Reader& r, const char* name) {
-  std::vector<Range> out;
+  std::vector<RangeBlock> blocks;
+  const std::string field = "field '" + std::string(name) + "'";
   for (const auto& e : r.array(name, kMaxRanges)) {
-    if (!e.is_array() || e.size() != 2 || !e[0].is_number_integer() || !e[1].is_number_integer()) {
-      r.fail("field '" + std::string(name) + "' must hold [begin, end) integer pairs");
+    const bool ints = e.is_array() && std::all_of(e.begin(), e.end(), [](const json& v) {
+      return v.is_number_integer();
+    });
+    if (!ints || (e.size() != 2 && e.size() != 4)) {
+      r.fail(field + " must hold [begin, end) integer pairs or [begin, end, rows, pitch] blocks");
     }
     Range g{e[0].get<int64_t>(), e[1].get<int64_t>()};
     if (g.begin < 0 || g.end < g.begin || g.end > kMaxElements) {
-      r.fail("field '" + std::string(name) + "' holds an invalid range [" +
-             std::to_string(g.begin) + ", " + std::to_string(g.end) + ")");
+      r.fail(field + " holds an invalid range [" + std::to_string(g.begin) + ", " +
+             std::to_string(g.end) + ")");
     }
-    out.push_back(g);
+    blocks.push_back(e.size() == 2 ? RangeBlock{g, 1, 0}
+                                   : RangeBlock{g, e[2].get<int64_t>(), e[3].get<int64_t>()});
   }
-  return out;
+  try {
+    return ranges_of(blocks, kMaxExpandedRanges, kMaxElements, field);
+  } catch (const InvalidArgument& e) {
+    r.fail(e.message());
+  }
 }
 
+// Runs of equal, equally spaced ranges go as one block (a column shard's rows).
 json ranges_json(const std::vector<Range>& rs) {
   json a = json::array();
-  for (const auto& g : rs) a.push_back({g.begin, g.end});
+  for (const auto& b : blocks_of(rs)) {
+    if (b.rows == 1) {
+      a.push_back({b.first.begin, b.first.end});
+    } else {
+      a.push_back({b.first.begin, b.first.end, b.rows, b.pitch});
+    }
+  }
   return a;
 }
 
@@ -239,7 +261,8 @@ std::string encode(const RegisterParam& m) {
               {"push", ranges_json(m.push)},
               {"want", ranges_json(m.want)},
               {"job", m.job},
-              {"resume", m.resume}}
+              {"resume", m.resume},
+              {"packed", m.packed}}
       .dump();
 }
 std::string encode(const RegisterOk& m) {
@@ -389,6 +412,7 @@ RegisterParam decode<RegisterParam>(const std::string& p) {
   m.want = read_ranges(r, "want");
   m.job = r.has("job") ? r.str("job", kMaxJob) : "";  // absent from older clients: no identity
   m.resume = r.bool_or("resume", false);
+  m.packed = r.bool_or("packed", false);  // absent from older clients: element offsets
   return m;
 }
 template <>

@@ -50,6 +50,7 @@ using muon::dtype_bytes;
 using muon::dtype_name;
 using muon::parse_dtype;
 using muon::Range;
+using muon::RangeBlock;
 
 /// How a session's gradient and update bytes move (the control plane is always the socket):
 ///   shm       host shared memory: one segment per session holding both rings (any backend);
@@ -127,8 +128,12 @@ struct RegisterParam {
   DType grad_dtype = DType::f32;
   DType update_dtype = DType::f32;
   MuonOptions options;
-  std::vector<Range> push;  ///< element ranges this rank contributes (may be empty)
-  std::vector<Range> want;  ///< element ranges of the update this rank receives (may be empty)
+  /// Element ranges this rank contributes (may be empty). On the wire a list of [begin, end)
+  /// pairs and [begin, end, rows, pitch] blocks (RangeBlock: a column shard's row range x
+  /// column range in one entry; encode() makes them of runs of equal, equally spaced ranges),
+  /// expanded into ranges by decode().
+  std::vector<Range> push;
+  std::vector<Range> want;  ///< element ranges of the update this rank receives (as `push`)
   /// The training job registering it: the same string on every rank of the job (optional on
   /// the wire, at most kMaxJob bytes; "" = no identity: state is kept by name across jobs, the
   /// behaviour of clients before job identities). A registration of another job than the one
@@ -137,6 +142,13 @@ struct RegisterParam {
   /// (daemon/README.md, "Jobs").
   std::string job;
   bool resume = false;  ///< optional on the wire (absent = false)
+  /// Optional on the wire (absent = false: element offsets, the clients before it). True: the
+  /// `offset` of this rank's gradient Push chunks and of the Update chunks it receives for the
+  /// parameter is a packed position — an index into its push (want) ranges sorted and laid end
+  /// to end — and a chunk may span several ranges, so a column block travels as one push and
+  /// one update (as many chunks as its bytes need slots). Momentum chunks (state loading,
+  /// state_fetch) keep element offsets over the whole parameter.
+  bool packed = false;
 };
 /// Bytes a RegisterParam::job may have.
 constexpr size_t kMaxJob = 256;
@@ -150,7 +162,9 @@ struct RegisterOk {
 struct Push {
   std::string name;
   int64_t step = 0;
-  int64_t offset = 0;  ///< first element
+  /// First element; under a packed registration (RegisterParam::packed) a gradient chunk's
+  /// packed position in the rank's push ranges.
+  int64_t offset = 0;
   int64_t count = 0;   ///< elements in the slot
   uint32_t slot = 0;
   ChunkKind kind = ChunkKind::gradient;
@@ -174,7 +188,7 @@ struct Commit {
 struct Update {
   std::string name;
   int64_t step = 0;
-  int64_t offset = 0;
+  int64_t offset = 0;  ///< first element; a packed position in the want ranges (as Push::offset)
   int64_t count = 0;
   uint32_t slot = 0;
   ChunkKind kind = ChunkKind::gradient;  ///< gradient: an update; momentum: state_fetch data

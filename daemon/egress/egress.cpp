@@ -50,10 +50,15 @@ void Engine::send_update(const std::string& name, Param& p, NsJob& job) {
     return host;
   };
   for (int r = 0; r < static_cast<int>(p.layout->ranks.size()); ++r) {
-    const auto& want = p.layout->ranks[r].want;
+    const auto& ranks = p.layout->ranks[r];
+    const auto& want = ranks.want;
     if (want.empty()) continue;
     auto s = session_of(r);
     if (!s) continue;
+    if (ranks.packed) {
+      send_packed_update(name, p, job, *s, want, host_update);
+      continue;
+    }
     for (size_t w = 0; w < want.size(); ++w) {
       for (int64_t off = want[w].begin; off < want[w].end; off += per_chunk) {
         const int64_t count = std::min(per_chunk, want[w].end - off);
@@ -80,6 +85,53 @@ void Engine::send_update(const std::string& name, Param& p, NsJob& job) {
     }
   }
   p.storage->updates_enqueued();
+}
+
+void Engine::send_packed_update(const std::string& name, Param& p, NsJob& job, Session& s,
+                                const std::vector<Range>& want,
+                                const std::function<const float*()>& host_update) {
+  const DType dt = p.layout->spec.update_dtype;
+  const size_t esize = transport::dtype_bytes(dt);
+  const int64_t per_chunk = static_cast<int64_t>(config_.layout.slot_bytes / esize);
+  DeviceParamState* device = p.storage->device_state();
+  const auto prefix = packed_starts(want);
+  const int64_t total = prefix.back() + want.back().size();
+  // Chunks of the packed want ranges (a column block's rows laid end to end), each as many
+  // elements as a slot holds: the block goes back as one update when it fits a slot.
+  for (int64_t at = 0; at < total; at += per_chunk) {
+    const int64_t count = std::min(per_chunk, total - at);
+    transport::Update u;
+    u.name = name;
+    u.step = job.step;
+    u.offset = at;
+    u.count = count;
+    u.kind = transport::ChunkKind::gradient;
+    u.last = at + count == total;
+    u.applied = job.applied;
+    const size_t bytes = static_cast<size_t>(count) * esize;
+    metrics_.chunk_returned(transport::ChunkKind::gradient, bytes);
+    // A chunk inside one range may go device to device; one that spans ranges goes through host
+    // bytes (the device plane copies one contiguous run per slot).
+    int pieces = 0;
+    int64_t element = 0;
+    for_each_packed_piece(want, prefix, at, count, [&](size_t, int64_t e, int64_t, int64_t) {
+      if (pieces++ == 0) element = e;
+    });
+    if (pieces == 1 && device != nullptr && s.device_rings &&
+        s.send_chunk_direct(u, [&](uint32_t slot) {
+          return device_->send_update(*s.device_rings, slot, *device, element, count, dt);
+        })) {
+      continue;
+    }
+    std::vector<std::byte> data(bytes);
+    const float* src = host_update();
+    for_each_packed_piece(want, prefix, at, count,
+                          [&](size_t, int64_t e, int64_t pos, int64_t n) {
+                            narrow_from_f32(dt, {src + e, static_cast<size_t>(n)},
+                                            data.data() + static_cast<size_t>(pos - at) * esize);
+                          });
+    s.send_chunk(std::move(u), std::move(data));
+  }
 }
 
 void Engine::send_momentum(const SessionPtr& s, const std::string& name, int64_t last_step,

@@ -14,6 +14,22 @@ namespace asio = boost::asio;
 using transport::Frame;
 using transport::MessageType;
 
+namespace {
+
+// A gradient chunk into the step's reducer: at a packed position of the rank's push ranges under
+// a packed registration (a column block's rows in one chunk), else at its element offset.
+void add_chunk(StepReducer& reducer, const ParameterLayout& layout, int rank, int64_t offset,
+               const Contribution& values) {
+  const auto& ranks = layout.ranks;
+  if (rank >= 0 && rank < static_cast<int>(ranks.size()) && ranks[rank].packed) {
+    reducer.add_packed(rank, offset, values);
+  } else {
+    reducer.add(rank, offset, values);
+  }
+}
+
+}  // namespace
+
 void Engine::on_push(const SessionPtr& s, const Frame& f) {
   // On the nccl plane the client queued the chunk's ncclSend together with the frame: a push
   // refused before its ncclRecv was posted would leave that send to match the next receive and
@@ -75,7 +91,7 @@ void Engine::on_push(const SessionPtr& s, const Frame& f) {
         StepReducer* reducer = start_gathering(s, m, p);
         if (!reducer) return;  // refused (a lost rank): the error went out
         reducer->begin_attempt(s->rank, m.attempt);
-        reducer->add(s->rank, m.offset, Contribution{slot, dt, true, m.count});
+        add_chunk(*reducer, *p.layout, s->rank, m.offset, Contribution{slot, dt, true, m.count});
         metrics_.chunk_received(m.kind, bytes);
         return;
       }
@@ -105,7 +121,8 @@ void Engine::on_push(const SessionPtr& s, const Frame& f) {
     StepReducer* reducer = start_gathering(s, m, p);
     if (!reducer) return;  // refused (a lost rank): the error went out
     reducer->begin_attempt(s->rank, m.attempt);
-    reducer->add(s->rank, m.offset, values);
+    add_chunk(*reducer, *p.layout, s->rank, m.offset,
+              Contribution{values.data(), TileDType::f32, false, m.count});
     metrics_.chunk_received(m.kind, bytes);
   } catch (const StepMismatch& e) {  // already applied, or a gap: the client may tell them apart
     reply_error(s, {"step_mismatch", e.message(), m.name, m.step, s->rank}, f.request_id);

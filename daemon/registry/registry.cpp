@@ -40,10 +40,10 @@ void Engine::on_register(const SessionPtr& s, const Frame& f) {
     }
     const auto& mine = p.layout->ranks.at(s->rank);
     if (!same_spec(spec, p.layout->spec) || !same_ranges(sorted(m.push), mine.push) ||
-        !same_ranges(sorted(m.want), mine.want)) {
+        !same_ranges(sorted(m.want), mine.want) || m.packed != mine.packed) {
       throw InvalidArgument("parameter '" + m.name +
                             "' is already registered with another shape, dtype, options or "
-                            "ranges for rank " +
+                            "ranges (or chunk addressing) for rank " +
                             std::to_string(s->rank));
     }
     // Answer once every rank of the job is connected again, so that nobody pushes a step that
@@ -76,7 +76,7 @@ void Engine::on_register(const SessionPtr& s, const Frame& f) {
     }
     bool complete = false;
     try {
-      complete = p.pending->add(s->rank, spec, m.push, m.want);
+      complete = p.pending->add(s->rank, spec, m.push, m.want, m.packed);
       p.refused.erase(s->rank);
     } catch (const InvalidArgument& e) {
       // The rank hears why at once; the ranks that wait for it hear it at the timeout, which

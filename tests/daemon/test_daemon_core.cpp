@@ -619,6 +619,62 @@ TEST(StepReducer, BitwiseSameForAnyChunkingAndArrivalOrder) {
   }
 }
 
+TEST(StepReducer, APackedColumnBlockIsBitwiseItsRowsPushedOneByOne) {
+  // A 6 x 8 matrix cut by columns over two ranks ([0, 3) and [3, 8)): one range per row each.
+  const auto spec = make_spec("w", {1, 6, 8});
+  std::vector<std::vector<Range>> cols(2);
+  for (int64_t r = 0; r < 6; ++r) {
+    cols[0].push_back({r * 8, r * 8 + 3});
+    cols[1].push_back({r * 8 + 3, r * 8 + 8});
+  }
+  PendingRegistration reg(spec, 3);
+  reg.add(0, spec, cols[0], {}, /*packed=*/true);
+  reg.add(1, spec, cols[1], {}, /*packed=*/true);
+  reg.add(2, spec, {{0, 48}}, {});  // a replicated contributor pushing by element
+  const auto layout = reg.finish();
+  ASSERT_EQ(layout.contributors, 2);
+  std::vector<std::vector<float>> packed(2);
+  for (int r = 0; r < 2; ++r) packed[r] = random_values(cols[r].size() * (r ? 5 : 3), 7 + r, true);
+  const auto whole = random_values(48, 9, true);
+  const auto run = [&](bool by_block, int64_t chunk) {
+    StepReducer red(layout, 0);
+    for (int r = 0; r < 2; ++r) {
+      const int64_t n = static_cast<int64_t>(packed[r].size());
+      for (int64_t at = 0; at < n; at += chunk) {
+        const auto piece = std::span<const float>(packed[r]).subspan(
+            static_cast<size_t>(at), static_cast<size_t>(std::min(chunk, n - at)));
+        if (by_block) {
+          red.add_packed(r, at, piece);
+        } else {  // rows one by one, by element
+          const int64_t w = r ? 5 : 3;
+          for (int64_t k = 0; k < static_cast<int64_t>(piece.size()); ++k) {
+            const int64_t pos = at + k;
+            red.add(r, (pos / w) * 8 + (r ? 3 : 0) + pos % w, piece.subspan(k, 1));
+          }
+        }
+      }
+      red.commit(r);
+    }
+    red.add(2, 0, whole);
+    red.commit(2);
+    std::vector<float> grad(48);
+    red.reduce(grad.data());
+    return grad;
+  };
+  const auto rows = run(false, 1);
+  for (int64_t chunk : {1, 4, 7, 30}) {
+    EXPECT_TRUE(bitwise_equal(run(true, chunk), rows)) << "chunk " << chunk;
+  }
+  EXPECT_EQ(rows[8 * 2 + 4], packed[1][2 * 5 + 1] + whole[8 * 2 + 4]);
+  // A packed span outside the rank's elements is refused, naming it, and changes nothing.
+  StepReducer red(layout, 3);
+  expect_throw_with<InvalidArgument>(
+      [&] { red.add_packed(0, 16, std::vector<float>(3, 1.0f)); },
+      {"'w'", "step 3", "rank 0", "packed elements [16, 19)", "18 pushed elements"});
+  red.add_packed(0, 0, std::vector<float>(18, 1.0f));
+  red.commit(0);
+}
+
 TEST(StepReducer, Bf16ContributionsAreWidenedExactlyAndAccumulate) {
   // One rank pushes bf16 twice over overlapping elements; another pushes fp32. The bf16 values
   // enter as their exact fp32 widening: the result equals the same pushes made in fp32.

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -219,6 +220,69 @@ TEST(RangeSet, PackedOffsetsFollowTheRangesLaidEndToEnd) {
   EXPECT_TRUE(s.covers(12, 8));
   EXPECT_FALSE(s.covers(12, 9));
   EXPECT_EQ(s.elements(), 15);
+}
+
+TEST(RangeSet, BlocksDescribeAColumnShardInOneEntryAndExpandBack) {
+  // Rows [2, 7) x columns [3, 5) of a 7 x 10 matrix: five ranges, one block.
+  std::vector<Range> col;
+  for (int64_t r = 2; r < 7; ++r) col.push_back({r * 10 + 3, r * 10 + 5});
+  const auto blocks = blocks_of(col);
+  ASSERT_EQ(blocks.size(), 1u);
+  EXPECT_EQ(blocks[0], (RangeBlock{{23, 25}, 5, 10}));
+  EXPECT_EQ(ranges_of(blocks, 100, 70, "push"), col);
+  // Mixed: a run, a lone range of another size, a run at another pitch; order kept.
+  const std::vector<Range> mixed = {{0, 2}, {4, 6}, {8, 10}, {11, 14}, {20, 21}, {30, 31}};
+  const auto mb = blocks_of(mixed);
+  EXPECT_EQ(mb, (std::vector<RangeBlock>{{{0, 2}, 3, 4}, {{11, 14}, 1, 0}, {{20, 21}, 2, 10}}));
+  EXPECT_EQ(ranges_of(mb, 100, 60, "push"), mixed);
+  EXPECT_TRUE(blocks_of(std::vector<Range>{}).empty());
+  // Descending ranges never make a block of overlapping rows.
+  const std::vector<Range> down = {{10, 12}, {0, 2}};
+  EXPECT_EQ(blocks_of(down).size(), 2u);
+  EXPECT_EQ(ranges_of(blocks_of(down), 100, 60, "push"), down);
+}
+
+TEST(RangeSet, MalformedBlocksAreRefusedBeforeExpanding) {
+  const auto refused = [](RangeBlock b, size_t max_ranges = 1000) {
+    return invalid_message([&] {
+      const std::vector<RangeBlock> one{b};
+      ranges_of(one, max_ranges, 100, "field 'push'");
+    });
+  };
+  EXPECT_EQ(refused({{0, 4}, 0, 10}), "field 'push': block [0, 4) x 0 rows, pitch 10 has fewer "
+                                      "than one row");
+  EXPECT_NE(refused({{0, 4}, 3, 2}).find("overlapping rows"), std::string::npos);
+  EXPECT_NE(refused({{0, 0}, 3, 2}).find("repeats an empty range"), std::string::npos);
+  EXPECT_NE(refused({{90, 95}, 3, 10}).find("ends outside [0, 100)"), std::string::npos);
+  EXPECT_NE(refused({{0, 1}, int64_t{1} << 62, int64_t{1} << 62}).find("ends outside"),
+            std::string::npos);  // no overflow
+  EXPECT_NE(refused({{0, 1}, 50, 2}, 10).find("more than 10 ranges"), std::string::npos);
+  EXPECT_NE(refused({{-1, 1}, 1, 0}).find("starts outside"), std::string::npos);
+}
+
+TEST(RangeSet, PackedSpansAreCutAtRangeBoundaries) {
+  const auto s = RangeSet::disjoint({{10, 13}, {20, 23}, {30, 33}}, 40, "push");
+  std::vector<std::array<int64_t, 4>> pieces;
+  const auto collect = [&](size_t i, int64_t e, int64_t pos, int64_t n) {
+    pieces.push_back({static_cast<int64_t>(i), e, pos, n});
+  };
+  ASSERT_TRUE(s.for_each_piece(0, 9, collect));
+  EXPECT_EQ(pieces, (std::vector<std::array<int64_t, 4>>{
+                        {0, 10, 0, 3}, {1, 20, 3, 3}, {2, 30, 6, 3}}));
+  pieces.clear();
+  ASSERT_TRUE(s.for_each_piece(2, 5, collect));  // from inside the first row into the third
+  EXPECT_EQ(pieces, (std::vector<std::array<int64_t, 4>>{
+                        {0, 12, 2, 1}, {1, 20, 3, 3}, {2, 30, 6, 1}}));
+  pieces.clear();
+  ASSERT_TRUE(s.for_each_piece(3, 3, collect));  // starts exactly at a range's packed start
+  EXPECT_EQ(pieces, (std::vector<std::array<int64_t, 4>>{{1, 20, 3, 3}}));
+  pieces.clear();
+  EXPECT_TRUE(s.for_each_piece(9, 0, collect));
+  EXPECT_FALSE(s.for_each_piece(7, 3, collect));  // past the 9 packed elements
+  EXPECT_FALSE(s.for_each_piece(-1, 2, collect));
+  EXPECT_FALSE(s.for_each_piece(0, -1, collect));
+  EXPECT_TRUE(pieces.empty());
+  EXPECT_EQ(packed_starts(s.ranges()), (std::vector<int64_t>{0, 3, 6}));
 }
 
 TEST(RangeSet, UnionAndAddMergeOverlappingAndTouchingRanges) {

@@ -130,6 +130,43 @@ TEST(Messages, RegisterRoundTripKeepsEveryOption) {
   EXPECT_EQ(back.push[1].end, 300);
 }
 
+TEST(Messages, AColumnShardRegistersAsOneBlockEntryAndExpandsToItsRows) {
+  // Columns [1024, 2048) of a 14336 x 4096 matrix: 14336 ranges, more than a list may hold as
+  // pairs (4096), one entry as a block.
+  RegisterParam m;
+  m.name = "layers.0.mlp.down";
+  m.shape = {14336, 4096};
+  for (int64_t r = 0; r < 14336; ++r) m.push.push_back({r * 4096 + 1024, r * 4096 + 2048});
+  m.want = m.push;
+  m.packed = true;
+  const auto wire = encode(m);
+  const auto j = nlohmann::json::parse(wire);
+  EXPECT_EQ(j["push"], nlohmann::json::parse("[[1024, 2048, 14336, 4096]]"));
+  EXPECT_EQ(j["packed"], true);
+  const auto back = decode<RegisterParam>(wire);
+  EXPECT_EQ(back.push, m.push);
+  EXPECT_EQ(back.want, m.want);
+  EXPECT_TRUE(back.packed);
+  // Absent (older clients): element offsets.
+  auto older = j;
+  older.erase("packed");
+  EXPECT_FALSE(decode<RegisterParam>(older.dump()).packed);
+  // A malformed block is a protocol error naming the field.
+  auto bad = j;
+  bad["push"] = nlohmann::json::parse("[[0, 8, 3, 4]]");
+  try {
+    decode<RegisterParam>(bad.dump());
+    FAIL() << "overlapping rows accepted";
+  } catch (const ProtocolError& e) {
+    EXPECT_NE(std::string(e.what()).find("field 'push': block [0, 8) x 3 rows, pitch 4 has "
+                                         "overlapping rows"),
+              std::string::npos)
+        << e.what();
+  }
+  bad["push"] = nlohmann::json::parse("[[0, 8, 3]]");
+  EXPECT_THROW(decode<RegisterParam>(bad.dump()), ProtocolError);
+}
+
 TEST(Messages, HelloOkSaysWhatSurvivesACrash) {
   HelloOk ok;
   ok.server_version = "muon-offloadd test";

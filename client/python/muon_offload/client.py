@@ -250,13 +250,30 @@ class Client:
         that is ordered after the copies). With ``shm`` it is staged through host memory. The
         stream must belong to the client's device (InvalidArgument naming both otherwise). Raises
         DeviceError / BackendUnavailable when CUDA cannot serve it; nothing is pushed then."""
+        self._send(name, step, offset, data, count, stream, packed=False)
+
+    def push_packed(self, name: str, step: int, packed: int, data, count: Optional[int] = None,
+                    stream=None) -> None:
+        """Pushes ``count`` elements of ``data`` (grad dtype) at packed position ``packed`` of
+        this rank's push ranges, sorted and laid end to end: what a sharded rank holds (a
+        DTensor's local tensor is its push ranges packed), so a column block — a row range x a
+        column range, one range per row — goes as one push (one frame per ring slot of bytes)
+        and the server scatters it into the matrix. CUDA tensors, streams and errors as
+        :meth:`push`; InvalidArgument when the span is not inside the rank's push elements."""
+        self._send(name, step, packed, data, count, stream, packed=True)
+
+    def _send(self, name: str, step: int, at: int, data, count, stream, packed: bool) -> None:
+        host_fn = self._lib.muon_client_push_packed if packed else self._lib.muon_client_push
+        device_fn = (self._lib.muon_client_push_packed_device if packed
+                     else self._lib.muon_client_push_device)
+        offset = at
         if count is None:
             count = data.numel() if hasattr(data, "numel") and callable(data.numel) else data.size
         if _is_cuda(data):
             ptr, nbytes, s = _cuda_buffer(data, f"push '{name}'", stream)
             self._check_push(name, data, int(count), nbytes)
             with self._mu:
-                check(self._lib.muon_client_push_device(
+                check(device_fn(
                     self._handle(), name.encode(), int(step), int(offset), ctypes.c_void_p(ptr),
                     int(count), ctypes.c_void_p(s)), f"push of '{name}' step {step}")
                 push_stream = ctypes.c_void_p()
@@ -270,8 +287,8 @@ class Client:
         ptr, nbytes = _buffer(data, f"push '{name}'")
         self._check_push(name, data, int(count), nbytes)
         with self._mu:
-            check(self._lib.muon_client_push(self._handle(), name.encode(), int(step), int(offset),
-                                              ctypes.c_void_p(ptr), int(count)),
+            check(host_fn(self._handle(), name.encode(), int(step), int(offset),
+                          ctypes.c_void_p(ptr), int(count)),
                   f"push of '{name}' step {step}")
 
     def _check_push(self, name: str, data, count: int, nbytes: int) -> None:
@@ -376,8 +393,10 @@ class Client:
         every server (it feeds ``muon_offload_client_exposed_wait_seconds`` and
         ``muon-offload status``) and returns the figures since the previous report:
         ``{"step", "exposed_wait_s" (seconds blocked in wait_update), "bytes_pushed" (gradient
-        bytes), "bytes_received" (update bytes wait_update wrote: the want ranges), "parameters" (updates taken), "slowest_parameter" (the one whose update arrived
-        last, "" when none)}``."""
+        bytes), "push_frames" (push frames sent: one per ring slot of each push; a column block
+        pushed with :meth:`push_packed` is one), "bytes_received" (update bytes wait_update
+        wrote: the want ranges), "parameters" (updates taken), "slowest_parameter" (the one
+        whose update arrived last, "" when none)}``."""
         wait = ctypes.c_double(0.0)
         pushed = ctypes.c_int64(0)
         count = ctypes.c_int(0)
@@ -387,9 +406,12 @@ class Client:
                                                      ctypes.byref(pushed), ctypes.byref(count),
                                                      slowest, len(slowest)),
                   f"step report of step {step}")
+            frames = ctypes.c_int64(0)
+            check(self._lib.muon_client_last_push_frames(self._handle(), ctypes.byref(frames)),
+                  "push frames of the step report")
         received, self._received = self._received, 0
         return {"step": int(step), "exposed_wait_s": wait.value, "bytes_pushed": pushed.value,
-                "bytes_received": received,
+                "push_frames": frames.value, "bytes_received": received,
                 "parameters": count.value,
                 "slowest_parameter": slowest.value.decode("utf-8", "replace")}
 

@@ -172,7 +172,9 @@ class OffloadMuon(MuonOptimizerBase):
     is the same as InProcessMuon's. :meth:`momentum_buffer` reads one parameter's.
 
     Figures: after each step(), ``last_step_stats`` holds what this rank saw of it —
-    ``bytes_pushed`` (gradient bytes pushed since the previous step), ``bytes_received`` (update
+    ``bytes_pushed`` (gradient bytes pushed since the previous step), ``push_frames`` (push
+    frames sent: a sharded parameter's local block is one push, one frame per ring slot of its
+    bytes, whether it is rows or a column block), ``bytes_received`` (update
     bytes received: the wanted ranges, a sharded rank's own blocks), ``exposed_wait_s`` (seconds
     step() was blocked waiting for updates: from its first wait to the last update in hand, not
     counting the time spent applying the updates already there), ``slowest_parameter`` (the
@@ -423,13 +425,15 @@ class OffloadMuon(MuonOptimizerBase):
         # CUDA gradients stay on the device (pushed from device memory on the current stream).
         g = g.to(device=self._io_device(p),
                  dtype=_TORCH_DTYPE[self._grad_dtype]).contiguous().view(-1)
-        # A plain tensor's gradient is the whole matrix (index by element); a DTensor's is its
-        # local tensor, which is the held ranges packed.
-        src = 0
-        for b, e in m.held:
-            at = b if m.layout is None else src
-            self._client.push(m.name, step, b, g[at:at + e - b], e - b)
-            src += e - b
+        if m.layout is not None:
+            # A DTensor's gradient is its local tensor: the held ranges packed, one push however
+            # many ranges they are (a column block's rows), scattered by the server.
+            if m.held:
+                self._client.push_packed(m.name, step, 0, g, g.numel())
+        else:
+            # A plain tensor's gradient is the whole matrix, indexed by element.
+            for b, e in m.held:
+                self._client.push(m.name, step, b, g[b:e], e - b)
         self._pushed[p] = step
 
     @staticmethod
@@ -588,7 +592,7 @@ class OffloadMuon(MuonOptimizerBase):
             slowest = slowest[len(self._prefix):]
         self.last_step_stats = {
             "step": stats["step"], "bytes_pushed": stats["bytes_pushed"],
-            "bytes_received": stats["bytes_received"],
+            "push_frames": stats["push_frames"], "bytes_received": stats["bytes_received"],
             "exposed_wait_s": stats["exposed_wait_s"], "slowest_parameter": slowest,
             "parameters": stats["parameters"]}
 

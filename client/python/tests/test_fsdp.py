@@ -32,7 +32,9 @@ def test_fsdp2_bitwise_in_process_shard_bytes_no_collectives(server, tmpdir_priv
         muon = [n for n, (kind, _) in o["routing"].items() if kind == "muon"]
         assert sorted(muon) == ["experts", "fc1.weight", "fc2.weight", "gate.weight"]
         shard_bytes = 4 * sum(o["local_numel"][n] for n in muon)
+        held = sum(1 for n in muon if o["local_numel"][n])
         for s in o["stats"]:
+            assert s["push_frames"] == held, (r, s)  # one push per held shard per step
             assert s["bytes_pushed"] == shard_bytes, (r, s)
             assert s["bytes_received"] == shard_bytes, (r, s)
         assert o["step"] == [{}] * STEPS, f"rank {r}: step() issued collectives {o['step']}"

@@ -93,11 +93,12 @@ def test_raw_client_report_step(server):
     r = c.report_step(0)
     assert r["step"] == 0
     assert r["bytes_pushed"] == 2 * 128 * 4
+    assert r["push_frames"] == 2  # one frame each: 512 bytes fit a slot
     assert r["bytes_received"] == 2 * 128 * 4  # the two updates, f32
     assert r["parameters"] == 2
     assert r["slowest_parameter"] in ("a", "b")
     assert r["exposed_wait_s"] >= 0.0
     # The next report starts from zero.
     assert c.report_step(1) == {"step": 1, "exposed_wait_s": 0.0, "bytes_pushed": 0,
-                                "bytes_received": 0, "parameters": 0, "slowest_parameter": ""}
+                                "push_frames": 0, "bytes_received": 0, "parameters": 0, "slowest_parameter": ""}
     c.close()

@@ -42,8 +42,12 @@ def test_tp_and_fsdp_tp_match_in_process(server, tmpdir_private):
             for s in o[variant + "_stats"]:
                 assert s["bytes_pushed"] == pushed and s["bytes_received"] == shard_bytes, \
                     (variant, r, s)
+                # One push per parameter per step, the column block of w2 (8 rows under TP, 4
+                # under FSDP x TP) included: registered as one block, pushed as one frame.
+                assert s["push_frames"] == (2 if pushed else 0), (variant, r, s)
     for r, o in enumerate(out):
-        # TP: w1 12 x 8 by rows (3 each), w2 8 x 12 by columns (3 each: one range per row).
+        # TP: w1 12 x 8 by rows (3 each), w2 8 x 12 by columns (3 each: one range per row,
+        # one block on the wire).
         assert o["tp_local_numel"]["w1.weight"] == 24 and o["tp_local_numel"]["w2.weight"] == 24
         assert o["tp_wanted_ranges"] == {"tp/w1.weight": 1, "tp/w2.weight": 8}
         # FSDP x TP: w1 rows cut by tp (6) then dp (3); w2 rows by dp (4) x columns by tp (6).
