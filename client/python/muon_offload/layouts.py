@@ -18,7 +18,10 @@ construction, uneven chunks and strided shards included. Replicate placements:
   replicas when FSDP all-reduces them): only coordinate 0 pushes, every rank wants the update;
 - a mesh dimension listed in ``summed_mesh_dims`` (HSDP replicas whose all-reduce is left to the
   server): every rank pushes, the server sums them (``contributors`` = the product of those
-  dimensions' sizes) — the pusher divides by ``contributors`` to keep the mean.
+  dimensions' sizes) — the pusher divides by ``contributors`` to keep the mean;
+- a root-mesh dimension outside a sub-mesh parameter's own mesh, named in ``summed_root_dims``
+  (HSDP replicas of a module sharded on the "shard" sub-mesh, which FSDP never all-reduces):
+  the same, every replica pushes and the server sums them.
 
 Anything else (``Partial``, an unknown placement, a local shard whose indices are not ascending,
 a mesh that spans part of the job without a root mesh naming the rest) raises
@@ -38,7 +41,7 @@ from ._native import InvalidArgument
 Range = Tuple[int, int]
 
 __all__ = ["StorageLayout", "storage_layout", "layout_at", "is_dtensor", "local_tensor", "ranges_bytes",
-           "shard_like"]
+           "shard_like", "replica_groups"]
 
 
 def is_dtensor(t) -> bool:
@@ -137,33 +140,71 @@ def _placement_text(placements) -> str:
     return "(" + ", ".join(str(p) for p in placements) + ")"
 
 
-def _root_replicas(name: str, mesh, world_size: Optional[int]) -> Tuple[bool, int]:
-    """(whether this rank's copy of ``mesh`` is the one that pushes, how many copies): a
+def _root_replicas(name: str, mesh, world_size: Optional[int],
+                   summed_root_dims: Sequence[str] = ()) -> Tuple[bool, int]:
+    """(whether this rank's copy of ``mesh`` pushes, how many copies the server sums): a
     DTensor on a sub-mesh (FSDP on the "dp" dimension of a dp x tp mesh, for a parameter TP
-    leaves whole) has one copy per coordinate of the root mesh's other dimensions, all holding
-    the same gradient; the copy at coordinate 0 of those dimensions pushes."""
+    leaves whole) has one copy per coordinate of the root mesh's other dimensions. Along a
+    dimension named in ``summed_root_dims`` the copies hold different gradients (HSDP replicas
+    whose module is sharded on the "shard" sub-mesh, so FSDP never reduces across them): every
+    copy pushes and the server sums them. Along any other, the copies hold the same gradient
+    (TP ranks): the copy at coordinate 0 pushes."""
     get_root = getattr(mesh, "_get_root_mesh", None)
     root = get_root() if get_root is not None else mesh
+    names = tuple(mesh.mesh_dim_names or ())
+    summed = tuple(summed_root_dims)
+    own = [d for d in summed if d in names]
+    if own:
+        raise InvalidArgument(
+            f"parameter '{name}': replica mesh dimension {own[0]!r} is a dimension of its own "
+            f"DTensor mesh {names}: FSDP already all-reduces the gradient across it (HSDP on "
+            "the 2-D mesh), so the server summing the replicas would reduce twice. Shard its "
+            "module on the sub-mesh without it (fully_shard(module, mesh=mesh[...])) to let "
+            "the server sum the replicas, or leave replica_mesh_dims empty")
     if root is None or root is mesh or root.ndim == mesh.ndim:
+        if summed:
+            raise InvalidArgument(
+                f"parameter '{name}': replica mesh dimensions {summed} are not dimensions of "
+                f"its DTensor's root mesh ({names})")
         if world_size is not None and mesh.size() != world_size:
             raise InvalidArgument(
                 f"parameter '{name}': its DTensor mesh has {mesh.size()} of the job's "
                 f"{world_size} ranks and no root mesh names the others, so which rank pushes "
                 "each copy is unknown: build the meshes with one init_device_mesh and slice it")
         return True, 1
-    names, root_names = mesh.mesh_dim_names or (), root.mesh_dim_names or ()
+    root_names = tuple(root.mesh_dim_names or ())
     if not names or not set(names) <= set(root_names):
         raise InvalidArgument(
             f"parameter '{name}': its mesh dimensions {names} are not dimensions of the root "
             f"mesh {root_names} (a flattened sub-mesh): not supported")
+    unknown = [d for d in summed if d not in root_names]
+    if unknown:
+        raise InvalidArgument(f"parameter '{name}': replica mesh dimension {unknown[0]!r} is "
+                              f"not a dimension of its root mesh {root_names}")
     coord = root.get_coordinate()
     others = [i for i, n in enumerate(root_names) if n not in names]
-    first = all(coord[i] == 0 for i in others)
-    return first, math.prod(root.size(i) for i in others)
+    first = all(coord[i] == 0 for i in others if root_names[i] not in summed)
+    return first, math.prod(root.size(i) for i in others if root_names[i] in summed)
+
+
+def replica_groups(param, summed_root_dims: Sequence[str]):
+    """``[(process group, size)]`` of the root-mesh dimensions in ``summed_root_dims`` that
+    DTensor ``param``'s own mesh lacks (the replicas the server sums for a Muon parameter):
+    what an AdamW parameter of such a module is averaged over by the optimizer, since FSDP
+    does not. [] for a parameter on its root mesh."""
+    mesh = param.device_mesh
+    get_root = getattr(mesh, "_get_root_mesh", None)
+    root = get_root() if get_root is not None else None
+    if root is None or root is mesh or root.ndim == mesh.ndim:
+        return []
+    names = set(mesh.mesh_dim_names or ())
+    return [(root.get_group(d), root.size(i)) for i, d in enumerate(root.mesh_dim_names or ())
+            if d in summed_root_dims and d not in names]
 
 
 def storage_layout(name: str, param: torch.Tensor, summed_mesh_dims: Sequence[int] = (),
-                   world_size: Optional[int] = None) -> StorageLayout:
+                   world_size: Optional[int] = None,
+                   summed_root_dims: Sequence[str] = ()) -> StorageLayout:
     """The storage layout of DTensor ``param`` on this rank (see the module docstring).
 
     Args:
@@ -171,13 +212,18 @@ def storage_layout(name: str, param: torch.Tensor, summed_mesh_dims: Sequence[in
         param: a DTensor (its ``device_mesh``, ``placements`` and global ``shape`` are read; no
             communication).
         summed_mesh_dims: mesh dimensions (indices into ``param.device_mesh``) with a Replicate
-            placement whose ranks hold different gradients the server sums (HSDP replicas when
-            FSDP's own all-reduce is switched off).
+            placement whose ranks hold different gradients the server sums.
         world_size: the job's rank count, to check that the mesh covers the job.
+        summed_root_dims: names of root-mesh dimensions outside the parameter's own mesh whose
+            ranks hold different gradients the server sums (HSDP replicas of a module sharded
+            on the "shard" sub-mesh: FSDP reduce-scatters within a replica and never
+            all-reduces across them); every replica pushes, ``contributors`` multiplies by their
+            sizes.
 
     Raises InvalidArgument naming the parameter and the placement for a placement it cannot
-    express (Partial, unknown kinds, a summed dimension that is not Replicate), TypeError for a
-    tensor that is not a DTensor.
+    express (Partial, unknown kinds, a summed dimension that is not Replicate), or naming the
+    dimension for a summed root dimension that is not one (or is one of the parameter's own
+    mesh: FSDP already reduces there), TypeError for a tensor that is not a DTensor.
     """
     if not is_dtensor(param):
         raise TypeError(f"storage_layout: '{name}' is not a DTensor")
@@ -185,18 +231,19 @@ def storage_layout(name: str, param: torch.Tensor, summed_mesh_dims: Sequence[in
     coord = mesh.get_coordinate()
     if coord is None:
         raise InvalidArgument(f"parameter '{name}': this rank is not in its DTensor mesh")
-    first_copy, _ = _root_replicas(name, mesh, world_size)
+    first_copy, replicas = _root_replicas(name, mesh, world_size, summed_root_dims)
     return layout_at(name, param.shape, param.placements, mesh.shape, coord, summed_mesh_dims,
-                     first_copy)
+                     first_copy, replicas)
 
 
 def layout_at(name: str, shape: Sequence[int], placements: Sequence, mesh_shape: Sequence[int],
               coordinate: Sequence[int], summed_mesh_dims: Sequence[int] = (),
-              pushes: bool = True) -> StorageLayout:
+              pushes: bool = True, replicas: int = 1) -> StorageLayout:
     """The storage layout at mesh ``coordinate`` of a tensor of global ``shape`` with
     ``placements`` on a mesh of ``mesh_shape``: :func:`storage_layout` without a DTensor (no
     process group needed: the byte counts of bench/shard_bytes.py use it for every rank of a
-    job). ``pushes`` False: another copy of the mesh pushes (a sub-mesh's other coordinates).
+    job). ``pushes`` False: another copy of the mesh pushes (a sub-mesh's other coordinates);
+    ``replicas``: copies of the mesh the server sums (each pushes; multiplies ``contributors``).
     Raises InvalidArgument as :func:`storage_layout`."""
     from torch.distributed.tensor import Replicate, Shard
     placements = tuple(placements)
@@ -206,7 +253,7 @@ def layout_at(name: str, shape: Sequence[int], placements: Sequence, mesh_shape:
     sizes = [int(n) for n in mesh_shape]
     summed = set(int(d) for d in summed_mesh_dims)
     idx = [torch.arange(n) for n in shape]
-    contributors = 1
+    contributors = int(replicas)
     for k, pl in enumerate(placements):
         kind = type(pl).__name__
         if isinstance(pl, Replicate):

@@ -34,7 +34,7 @@ from .client import Client
 from .config import MuonConfig
 from ._native import ConnectionLost, InvalidArgument, MuonOffloadError, NonFiniteGradient
 from .errors import MUON_ERR_PEER_LOST, PeerLost
-from .layouts import is_dtensor, local_tensor, shard_like, storage_layout
+from .layouts import is_dtensor, local_tensor, replica_groups, shard_like, storage_layout
 from .muon_param import MuonParam, row_shard
 
 __all__ = ["OffloadMuon"]
@@ -125,6 +125,9 @@ class OffloadMuon(MuonOptimizerBase):
             ``prefix=`` needed for a rerun), or keeps their momentum and step with
             ``resume_from_server=True``; while a rank of that job is connected the registration
             is refused, naming it (daemon/README.md, "Jobs").
+        replica_mesh_dims: names of root-mesh dimensions (HSDP's replicate dimension) across
+            which the server sums the Muon gradients of modules sharded on a sub-mesh without
+            them (see "Sharded models" below); default none.
         data_plane: ``"shm"`` (host shared memory, any server) or ``"cuda_ipc"`` (the servers'
             device rings over CUDA IPC: same node, servers on the CUDA backend); default:
             environment ``MUON_OFFLOAD_DATA_PLANE``, else ``"shm"``. With ``cuda_ipc`` the rings
@@ -142,6 +145,15 @@ class OffloadMuon(MuonOptimizerBase):
     and step() receives and applies only the local blocks' update. AdamW DTensor gradients are
     not averaged either (FSDP did). InvalidArgument at construction for a placement that
     cannot be expressed (``Partial``...), naming the parameter and the placement.
+    HSDP (a replicate x shard mesh): ``fully_shard(module, mesh=mesh)`` on the 2-D mesh
+    all-reduces every gradient across the replicas itself, and then replica 0 alone pushes (no
+    double reduction). To leave the replicas' Muon gradients unreduced, shard the modules
+    holding Muon matrices on the shard sub-mesh (``fully_shard(block, mesh=mesh["shard"])``;
+    the root may stay on the 2-D mesh) and pass ``replica_mesh_dims=("replicate",)`` (the
+    replicate dimension's name): every replica pushes its reduce-scattered shard, divided by
+    the replica count, and the server sums them: no all-reduce of Muon gradients across
+    replicas at all; the AdamW gradients of those modules are averaged over the replicas by
+    step() (one all-reduce per replica group, AdamW only).
 
     Shapes: 2-D matrices go as they are; conv weights ``(out, in, kh, kw)`` as
     ``(out, in*kh*kw)`` (and scaled by that shape); 3-D ``(b, r, c)`` expert stacks as b
@@ -201,7 +213,7 @@ class OffloadMuon(MuonOptimizerBase):
                  grad_dtype: str = "f32", update_dtype: str = "f32",
                  connect_timeout_s: float = 10.0, timeout_s: float = 120.0,
                  resume_from_server=False, data_plane: Optional[str] = None,
-                 job: Optional[str] = None,
+                 job: Optional[str] = None, replica_mesh_dims: Sequence[str] = (),
                  **muon_keywords):
         config = muon_config(config, muon_args, muon_keywords, type(self).__name__)
         if resume_from_server not in (False, True, "per_parameter"):
@@ -219,6 +231,7 @@ class OffloadMuon(MuonOptimizerBase):
             raise InvalidArgument("grad_dtype and update_dtype must be 'f32' or 'bf16'")
         self.servers = list(servers)
         self._grad_dtype, self._update_dtype = grad_dtype, update_dtype
+        self._replica_dims = tuple(replica_mesh_dims)
         self._client: Optional[Client] = None
         self._pushed: Dict[torch.Tensor, int] = {}  # param -> step being gathered
         self._committed: Dict[torch.Tensor, bool] = {}  # ordered, identity-keyed
@@ -293,7 +306,8 @@ class OffloadMuon(MuonOptimizerBase):
                 m.server = min(range(len(self.servers)), key=lambda i: self._loads[i])
                 self._loads[m.server] += m.cost
             if is_dtensor(p):  # FSDP2 / tensor parallel: the rank's blocks, whatever the mode
-                m.layout = storage_layout(m.name, p, world_size=self.world_size)
+                m.layout = storage_layout(m.name, p, world_size=self.world_size,
+                                          summed_root_dims=self._replica_dims)
                 m.held, m.wanted = list(m.layout.held), list(m.layout.wanted)
             elif self.mode == "shard" and self.world_size > 1:
                 m.held = row_shard(m.shape, self.rank, self.world_size)
@@ -568,6 +582,7 @@ class OffloadMuon(MuonOptimizerBase):
                 self._apply(p, buf, g)
                 self.state[p]["step"] = step + 1
             self._collective(averaged)
+            self._collective(self._average_replicas)
             if self._adamw is not None:
                 self._adamw.step()
         except _native.MuonOffloadError as e:
@@ -580,6 +595,28 @@ class OffloadMuon(MuonOptimizerBase):
             self._report_step(max(waited))
         self._raise_nonfinite(errors)
         return loss
+
+    def _average_replicas(self) -> None:
+        """Averages the AdamW DTensor gradients of modules sharded on a sub-mesh over the
+        ``replica_mesh_dims`` their mesh lacks (FSDP reduce-scattered them within a replica
+        only; the Muon gradients of those modules are summed by the server instead): one
+        all-reduce per group of replicas, of AdamW gradients only."""
+        if not self._replica_dims or self._adamw is None:
+            return
+        by_group: Dict[object, list] = {}
+        for g in self._adamw.param_groups:
+            for p in g["params"]:
+                if p.grad is None or not is_dtensor(p.grad):
+                    continue
+                for pg, size in replica_groups(p, self._replica_dims):
+                    by_group.setdefault(pg, [size]).append(local_tensor(p.grad))
+        for pg, (size, *grads) in by_group.items():
+            flat = torch.cat([t.reshape(-1).to(torch.float32) for t in grads]).div_(size)
+            dist.all_reduce(flat, group=pg)
+            pos = 0
+            for t in grads:
+                t.copy_(flat[pos:pos + t.numel()].view(t.shape))
+                pos += t.numel()
 
     def _report_step(self, step: int) -> None:
         """Sends this rank's step report to the servers and keeps it as ``last_step_stats``."""

@@ -320,3 +320,92 @@ def run_dcp(rank: int, world: int, init: str, socket: str, outdir: str, phase: s
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+class HNet(nn.Module):
+    """embed / head (AdamW, the root: native HSDP on the 2-D mesh), fc1 12 -> 5 and fc2 5 -> 12
+    (Muon weights, AdamW biases), each sharded on the "shard" sub-mesh only."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(2)
+        self.embed = nn.Embedding(VOCAB, 12)
+        self.fc1 = nn.Linear(12, 5)
+        self.fc2 = nn.Linear(5, 12)
+        self.head = nn.Linear(12, VOCAB, bias=False)
+
+    def forward(self, idx, targets):
+        import torch.nn.functional as F
+        h = self.embed(idx)
+        h = h + self.fc2(F.gelu(self.fc1(h)))
+        return F.cross_entropy(self.head(h).reshape(-1, VOCAB), targets.reshape(-1))
+
+
+def run_hsdp(rank: int, world: int, init: str, socket: str, outdir: str, steps: int = 3):
+    """One rank of test_hsdp.py (world 4, a 2 x 2 (replicate, shard) mesh, each rank its own
+    batch): HNet with fc1 / fc2 sharded on mesh["shard"] and the root on the 2-D mesh, with
+    OffloadMuon(replica_mesh_dims=("replicate",)), and the unsharded model with InProcessMuon
+    averaging over all 4 ranks. Saves the full parameters, the step stats, and the bytes every
+    all-reduce moved (FSDP's own included: torch.distributed.all_reduce is wrapped) in backward
+    and in step()."""
+    _init(rank, world, init)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from muon_offload import InProcessMuon, OffloadMuon
+    kw = dict(lr=0.03, weight_decay=0.05, adamw_lr=2e-3)
+    reduced = []
+    plain_all_reduce = dist.all_reduce
+
+    def counting_all_reduce(tensor, *args, **kwargs):
+        reduced.append(tensor.numel() * tensor.element_size())
+        return plain_all_reduce(tensor, *args, **kwargs)
+
+    dist.all_reduce = counting_all_reduce
+    try:
+        res = {}
+        for variant in ("hsdp", "ref"):
+            model = HNet()
+            if variant == "hsdp":
+                mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+                fully_shard(model.fc1, mesh=mesh["shard"])
+                fully_shard(model.fc2, mesh=mesh["shard"])
+                fully_shard(model, mesh=mesh)
+                opt = OffloadMuon(model.named_parameters(), servers=[socket], prefix="hsdp/",
+                                  replica_mesh_dims=("replicate",), **kw)
+                res["local_numel"] = {n: p.to_local().numel() for n, p in
+                                      model.named_parameters()}
+                from muon_offload import InvalidArgument
+                from muon_offload.layouts import storage_layout
+                for case, param, dims in (("own", model.embed.weight, ("replicate",)),
+                                          ("unknown", model.fc1.weight, ("rep",))):
+                    try:
+                        storage_layout(case, param, summed_root_dims=dims)
+                        res[case + "_error"] = None
+                    except InvalidArgument as e:
+                        res[case + "_error"] = str(e)
+            else:
+                opt = InProcessMuon(model.named_parameters(), **kw)
+            stats, back, step_bytes = [], [], []
+            for s in range(steps):
+                opt.zero_grad(set_to_none=True)
+                x, y = shard_batch(s, rank)
+                del reduced[:]
+                model(x, y).backward()
+                back.append(list(reduced))
+                del reduced[:]
+                opt.step()
+                step_bytes.append(list(reduced))
+                if variant == "hsdp":
+                    stats.append(dict(opt.last_step_stats))
+            res[variant] = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p)
+                            .detach().clone() for n, p in model.named_parameters()}
+            res[variant + "_stats"] = stats
+            res[variant + "_backward_reduced"] = back
+            res[variant + "_step_reduced"] = step_bytes
+            if hasattr(opt, "close"):
+                opt.close()
+        torch.save(res, os.path.join(outdir, f"hsdp_{rank}.pt"))
+        dist.barrier()
+    finally:
+        dist.all_reduce = plain_all_reduce
+        dist.destroy_process_group()
