@@ -97,8 +97,17 @@ void Client::register_parameters(const std::vector<ParameterRegistration>& param
     }
     // Packed: every chunk of this rank is addressed by packed position, so a column block (a
     // row range x a column range: one range per row) is one push and one update.
-    transport::RegisterParam m{p.name,    p.shape, p.grad_dtype,   p.update_dtype, p.options,
-                               p.push,    p.want,  config_.job,    config_.resume, true};
+    transport::RegisterParam m;
+    m.name = p.name;
+    m.shape = p.shape;
+    m.grad_dtype = p.grad_dtype;
+    m.update_dtype = p.update_dtype;
+    m.options = p.options;
+    m.push = p.push;
+    m.want = p.want;
+    m.job = config_.job;
+    m.resume = config_.resume;
+    m.packed = true;
     auto& c = connection(static_cast<size_t>(p.server));
     c.expect_updates(p.name, p.want, transport::dtype_bytes(p.update_dtype), true);
     sent.emplace_back(static_cast<size_t>(p.server), c.send_register(m));

@@ -44,7 +44,7 @@ std::string crash_note(const transport::HelloOk& ok) {
 Connection::Connection(std::string endpoint, int rank, int world_size,
                        const std::string& client_name, std::chrono::milliseconds connect_timeout,
                        std::chrono::milliseconds op_timeout, transport::DataPlane data_plane,
-                       const std::string& auth_token, int relay_server)
+                       const std::string& auth_token, int relay_server, int replica_server)
     : path_(std::move(endpoint)),
       rank_(rank),
       op_timeout_(op_timeout),
@@ -79,7 +79,8 @@ Connection::Connection(std::string endpoint, int rank, int world_size,
     const auto id = send_request(MessageType::hello,
                                  transport::encode(transport::Hello{
                                      rank, world_size, client_name, data_plane,
-                                     where.is_tcp() ? auth_token : std::string(), relay_server}));
+                                     where.is_tcp() ? auth_token : std::string(), relay_server,
+                                     replica_server}));
     const auto ok = transport::decode<transport::HelloOk>(wait_reply(id, "hello").payload);
     if (ok.data_plane != data_plane) {
       throw ServerError("muon-offloadd at '" + path_ + "' answered a hello asking for data plane " +

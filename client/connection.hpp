@@ -58,11 +58,14 @@ class Connection {
   /// cannot be set up here (built without CUDA, no usable GPU, NCCL refuses to join).
   /// `relay_server` >= 0: the caller is that plan server relaying its domain's partial sums
   /// (muon-offloadd's daemon/relay.hpp); `rank` must then be transport::relay_rank(world_size,
-  /// relay_server).
+  /// relay_server). `replica_server` >= 0: the caller is that plan server streaming its
+  /// parameters' state to its buddy (muon-offloadd's daemon/replicator.hpp); `rank` must then be
+  /// transport::replica_rank(world_size, replica_server).
   Connection(std::string endpoint, int rank, int world_size, const std::string& client_name,
              std::chrono::milliseconds connect_timeout, std::chrono::milliseconds op_timeout,
              transport::DataPlane data_plane = transport::DataPlane::shm,
-             const std::string& auth_token = "", int relay_server = -1);
+             const std::string& auth_token = "", int relay_server = -1,
+             int replica_server = -1);
   /// Tears the data plane down, then says goodbye and joins the reader thread. cuda_ipc: waits
   /// for the reader's and the host pushes' streams and for every copy into a tx slot, frees the
   /// device holding buffers, destroys the rings and unmaps their IPC handles, all before the

@@ -98,6 +98,15 @@ Engine::Engine(asio::io_context& io, ServerConfig config, std::unique_ptr<Backen
             " (--server-id), but this server listens on '" + config_.socket_path + "'");
       }
     }
+    if (config_.replicate && routes_->buddy_of(config_.server_id) >= 0 &&
+        static_cast<int>(config_.pool_servers.size()) != routes_->servers()) {
+      log()->warn("plan '{}' names server {} as the buddy of server {}, but --pool-servers does "
+                  "not list the plan's {} servers: no replication (a crash of this server loses "
+                  "the steps since its last snapshot)",
+                  config_.plan_path, routes_->buddy_of(config_.server_id), config_.server_id,
+                  routes_->servers());
+      config_.replicate = false;
+    }
     log()->info("plan {}: server {} of {}, {} compute ranks, relays {} parameter(s)",
                 config_.plan_path, config_.server_id, routes_->servers(), routes_->world_size(),
                 routes_->relayed());
@@ -105,6 +114,7 @@ Engine::Engine(asio::io_context& io, ServerConfig config, std::unique_ptr<Backen
 }
 
 Engine::~Engine() {
+  replicator_.reset();  // before the parameters whose buffers its thread may be reading
   relay_.reset();  // its last outcomes are posted to an io_context nobody runs any more
   scheduler_.stop();
 }
@@ -120,6 +130,10 @@ Relay& Engine::relay() {
     rc.remote_plane = device_ ? transport::DataPlane::nccl : transport::DataPlane::shm;
     rc.auth_token = config_.auth_token;
     rc.op_timeout = std::max(config_.step_timeout * 4, std::chrono::milliseconds(120000));
+    // Owners with a buddy fail over to it (replication on: the buddy holds their state).
+    if (config_.replicate) {
+      for (int i = 0; i < routes_->servers(); ++i) rc.buddies.push_back(routes_->buddy_of(i));
+    }
     relay_ = std::make_unique<Relay>(
         std::move(rc), [this, alive = std::weak_ptr<bool>(alive_)](std::function<void()> fn) {
           asio::post(io_, [alive, fn = std::move(fn)] {
@@ -128,6 +142,25 @@ Relay& Engine::relay() {
         });
   }
   return *relay_;
+}
+
+Replicator& Engine::replicator() {
+  if (!replicator_) {
+    ReplicatorConfig rc;
+    rc.pool = config_.pool_servers;
+    rc.server_id = config_.server_id;
+    rc.world_size = routes_->world_size();
+    rc.remote_plane = device_ ? transport::DataPlane::nccl : transport::DataPlane::shm;
+    rc.auth_token = config_.auth_token;
+    rc.op_timeout = std::max(config_.step_timeout, std::chrono::milliseconds(10000));
+    replicator_ = std::make_unique<Replicator>(
+        std::move(rc), [this, alive = std::weak_ptr<bool>(alive_)](std::function<void()> fn) {
+          asio::post(io_, [alive, fn = std::move(fn)] {
+            if (alive.lock()) fn();
+          });
+        });
+  }
+  return *replicator_;
 }
 
 std::unique_ptr<ParamStorage> Engine::make_storage(int64_t numel, bool momentum) {
@@ -152,7 +185,9 @@ Engine::SessionPtr Engine::session_of(int rank) const {
 bool Engine::any_computing() const {
   // Relayed steps hold no momentum here: snapshots and shutdown need not wait for them.
   return std::any_of(params_.begin(), params_.end(), [](const auto& kv) {
-    return kv.second.phase() == Phase::computing && kv.second.role->keeps_momentum_here();
+    // A replicating step's update has not gone out yet: a shutdown waits for it too.
+    return (kv.second.phase() == Phase::computing && kv.second.role->keeps_momentum_here()) ||
+           kv.second.phase() == Phase::replicating;
   });
 }
 

@@ -40,6 +40,8 @@
 #include "daemon/pool_routes.hpp"
 #include "daemon/registration.hpp"
 #include "daemon/relay.hpp"
+#include "daemon/replica_store.hpp"
+#include "daemon/replicator.hpp"
 #include "daemon/scheduler.hpp"
 #include "daemon/server_config.hpp"
 #include "daemon/session.hpp"
@@ -135,13 +137,44 @@ class Engine {
   void answer_registration(Param& p);
 
   void start_compute(const std::string& name, Param& p);
+  /// An owned step came back from the worker: its update (or error) to the parameter's ranks,
+  /// its buffers back to the parameter.
+  void release_step(Param& p, NsJob& job);
+  // ---- replication (daemon/replicator.hpp, daemon/replica_store.hpp) ------------------------
+  /// Where an owned parameter's state is replicated: its plan owner's buddy when this server is
+  /// the owner, the owner when this server is the buddy that took it over; -1 when replication
+  /// is off (--replicate off), the plan names no buddy, or the parameter is not in the plan.
+  int replica_target(const std::string& name) const;
+  /// Streams p's momentum (and `update`, numel fp32, unless null) as the state after `step` with
+  /// `outcome` (Replica::outcome) to `target`, then runs release(p) on the io thread (when the
+  /// buddy answered or failed: a failure warns, and the update goes out unreplicated). The
+  /// buffers must not change until then (the phase holds the steps back).
+  void replicate_then(const std::string& name, Param& p, int target, int64_t step,
+                      const std::string& outcome, const float* update,
+                      std::function<void(Param&)> release);
+  /// The replicator toward the buddies (made on first use).
+  Replicator& replicator();
+  /// A replication to `target` ended with `error` ("" none): warns once when it goes down, says
+  /// so when it is back.
+  void note_buddy(int target, const std::string& error);
+  /// A replica session's frames: chunks of replica kinds, and seals (register_param replica).
+  void on_replica_push(const SessionPtr& s, const transport::Push& m, std::span<const float> values);
+  void on_replica_seal(const SessionPtr& s, const transport::RegisterParam& m, uint32_t request_id);
+  /// The session is an owner's replica session (transport::replica_rank).
+  bool is_replica_session(const Session& s) const;
+  /// A taken-over parameter's step whose update its owner may have sent to some ranks before it
+  /// was lost: true when `step` is p's replayed step (a rank pushing it again gets the
+  /// replica's update at its commit, nothing is summed).
+  bool replaying(const Param& p, int64_t step) const;
+  /// The replayed step's update (or its refusal) to the session of `s` only.
+  void send_replay(const std::string& name, Param& p, const SessionPtr& s);
   /// A relayed step came back from the owner (update or error): returns it to the domain's ranks.
   void finish_relayed(RelayStep step);
   void finish_jobs(std::vector<NsJob> jobs);
   /// send_update of job's update (first written into the device buffer when `upload`: an update
   /// that came from the owner); a failed CUDA copy goes to the parameter's ranks as a backend
   /// error and the server keeps serving.
-  void return_update(Param& p, NsJob& job, bool upload);
+  void return_update(Param& p, NsJob& job, bool upload, int only_rank = -1);
   /// After steps finished: answers snapshot requests that waited for them, and a shutdown.
   void after_steps();
   /// A parameter's storage: on the GPU data plane when there is one, else host memory.
@@ -153,7 +186,8 @@ class Engine {
                      const float* values, int64_t n);
   /// "rank 3", or "relay server 1" for a relay's rank.
   std::string rank_name(int rank) const;
-  void send_update(const std::string& name, Param& p, NsJob& job);
+  /// `only_rank` >= 0: to that rank only (a replayed step).
+  void send_update(const std::string& name, Param& p, NsJob& job, int only_rank = -1);
   /// send_update to a rank of a packed registration (RankRanges::packed): chunks of its packed
   /// `want` ranges, a chunk spanning ranges where they are a column block's rows; `host_update`
   /// gives the update in host memory (read back once per step on the GPU data plane).
@@ -222,6 +256,12 @@ class Engine {
   std::function<void()> shutdown_done_;
   std::optional<PoolRoutes> routes_;  // the plan's routes (config_.plan_path)
   std::unique_ptr<Relay> relay_;      // toward the owners of relayed parameters
+  /// Replicas of the parameters whose owner's buddy this server is (or whose takeover owner
+  /// replicates back to it).
+  ReplicaStore replicas_;
+  std::map<int, bool> buddy_down_;  // by buddy id: the last replication to it failed
+  /// Toward the buddies; destroyed before params_ (its thread reads their buffers).
+  std::unique_ptr<Replicator> replicator_;
   /// Writes snapshots off the io thread; last member: destroyed (joined) first.
   std::unique_ptr<SnapshotWriter> writer_;
 };

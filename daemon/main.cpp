@@ -88,6 +88,14 @@ int main(int argc, char** argv) {
                  "Every server of the plan in id order (socket paths or tcp://HOST:PORT, comma "
                  "separated): where relayed parameters' owners are reached")
       ->delimiter(',');
+  std::string replicate = "on";
+  app.add_option("--replicate", replicate,
+                 "on: stream each owned parameter's state to its owner's buddy (the plan's "
+                 "servers[].buddy) after every step and release the update once the buddy holds "
+                 "it, so that the buddy takes over without losing a step when this server dies; "
+                 "off: no replication (a crash loses the steps since the last --snapshot)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   app.add_flag("--allow-other-users", config.allow_other_users,
                "Accept clients of other uids (default: only this uid)");
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
@@ -122,6 +130,7 @@ int main(int argc, char** argv) {
   if (health_threshold != "auto") config.health_warn_threshold = std::stod(health_threshold);
   config.step_timeout = std::chrono::milliseconds(step_timeout_ms);
   config.layout.slot_bytes = slot_kib * 1024;
+  config.replicate = replicate == "on";
 
   auto logger = spdlog::stderr_color_mt("server");
   spdlog::set_default_logger(logger);

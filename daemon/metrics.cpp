@@ -27,8 +27,21 @@ const Histogram::BucketBoundaries& error_buckets() {
   return b;
 }
 
-const char* kind_label(transport::ChunkKind k) {
-  return k == transport::ChunkKind::gradient ? "gradient" : "momentum";
+// The counters' index and label of a chunk kind: both replica kinds count as "replica".
+size_t kind_index(transport::ChunkKind k) {
+  switch (k) {
+    case transport::ChunkKind::gradient:
+      return 0;
+    case transport::ChunkKind::momentum:
+      return 1;
+    default:
+      return 2;
+  }
+}
+
+const char* kind_label(size_t index) {
+  static const char* const labels[] = {"gradient", "momentum", "replica"};
+  return labels[index];
 }
 
 }  // namespace
@@ -213,12 +226,11 @@ Metrics::Metrics(const std::string& version, const std::string& backend, int ser
       .Add({{"version", version}, {"backend", backend}})
       .Set(1.0);
   // The common kinds and codes exist from the start, so that rate() sees their first increment.
-  for (auto k : {transport::ChunkKind::gradient, transport::ChunkKind::momentum}) {
-    const auto i = static_cast<size_t>(k);
-    received_.chunks[i] = &chunks_received_.Add({{"kind", kind_label(k)}});
-    received_.bytes[i] = &bytes_received_.Add({{"kind", kind_label(k)}});
-    returned_.chunks[i] = &chunks_returned_.Add({{"kind", kind_label(k)}});
-    returned_.bytes[i] = &bytes_returned_.Add({{"kind", kind_label(k)}});
+  for (size_t i = 0; i < 3; ++i) {
+    received_.chunks[i] = &chunks_received_.Add({{"kind", kind_label(i)}});
+    received_.bytes[i] = &bytes_received_.Add({{"kind", kind_label(i)}});
+    returned_.chunks[i] = &chunks_returned_.Add({{"kind", kind_label(i)}});
+    returned_.bytes[i] = &bytes_returned_.Add({{"kind", kind_label(i)}});
   }
   for (const char* code : {"bad_request", "timeout", "peer_lost", "non_finite"}) {
     cached(errors_, errors_by_, "code", code);
@@ -239,13 +251,13 @@ T& Metrics::cached(prometheus::Family<T>& family, std::map<std::string, T*>& cac
 }
 
 void Metrics::chunk_received(transport::ChunkKind kind, uint64_t bytes) {
-  const auto i = static_cast<size_t>(kind);
+  const auto i = kind_index(kind);
   received_.chunks[i]->Increment();
   received_.bytes[i]->Increment(static_cast<double>(bytes));
 }
 
 void Metrics::chunk_returned(transport::ChunkKind kind, uint64_t bytes) {
-  const auto i = static_cast<size_t>(kind);
+  const auto i = kind_index(kind);
   returned_.chunks[i]->Increment();
   returned_.bytes[i]->Increment(static_cast<double>(bytes));
 }

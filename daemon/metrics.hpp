@@ -110,10 +110,11 @@ class Metrics {
   prometheus::Gauge& uptime_;
   prometheus::Family<prometheus::Gauge>& snapshot_time_;
   prometheus::Family<prometheus::Gauge>& snapshot_age_;
-  // The data-plane counters by ChunkKind (gradient, momentum): plain pointers on the hot path.
+  // The data-plane counters by kind (gradient; momentum: state loads and fetches; replica: an
+  // owner's state streamed to its buddy, both kinds): plain pointers on the hot path.
   struct KindCounters {
-    prometheus::Counter* chunks[2];
-    prometheus::Counter* bytes[2];
+    prometheus::Counter* chunks[3];
+    prometheus::Counter* bytes[3];
   };
   KindCounters received_{}, returned_{};
   // Label value -> metric, so that no event takes a family's lock to find its metric.

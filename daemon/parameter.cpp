@@ -19,6 +19,10 @@ int64_t total_elements(const std::vector<Range>& ranges) {
 }
 
 std::string rank_text(int rank, int world_size) {
+  if (world_size > 0 && rank >= world_size + transport::kMaxRelayServers) {
+    return "the replica session of server " +
+           std::to_string(rank - world_size - transport::kMaxRelayServers);
+  }
   if (world_size > 0 && rank >= world_size) {
     return "relay server " + std::to_string(rank - world_size);
   }

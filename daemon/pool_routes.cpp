@@ -61,6 +61,17 @@ PoolRoutes::PoolRoutes(const std::string& plan_json, int server_id, const std::s
                             std::to_string(servers_ - 1));
     }
   }
+  buddies_.assign(static_cast<size_t>(servers_), -1);
+  for (int i = 0; i < servers_; ++i) {
+    const auto& sv = servers[static_cast<size_t>(i)];
+    if (!sv.contains("buddy") || sv.at("buddy").is_null()) continue;
+    const int b = int_in(sv.at("buddy"), 0, servers_, where + ": servers[" + std::to_string(i) +
+                                                          "].buddy");
+    if (b == i) {
+      throw InvalidArgument(where + ": server " + std::to_string(i) + " is its own buddy");
+    }
+    buddies_[static_cast<size_t>(i)] = b;
+  }
   if (server_id < 0 || server_id >= servers_) {
     throw InvalidArgument(where + " has servers 0.." + std::to_string(servers_ - 1) +
                           "; there is no server " + std::to_string(server_id));
@@ -111,8 +122,19 @@ PoolRoutes::PoolRoutes(const std::string& plan_json, int server_id, const std::s
                               std::to_string(d));
       }
       if (rs.empty()) continue;  // a relay for no rank forwards nothing
+      if (relay == buddies_[static_cast<size_t>(owner)]) {
+        throw InvalidArgument(what + " ('" + name + "'): server " + std::to_string(relay) +
+                              " relays it for domain " + std::to_string(d) +
+                              " and is the buddy of its owner, server " + std::to_string(owner) +
+                              ": a buddy must relay none of its owner's parameters");
+      }
       at_owner.registrants.push_back(transport::relay_rank(world_size_, relay));
       if (relay == server_id) e.here = Route{rs, owner, true};
+    }
+    if (buddies_[static_cast<size_t>(owner)] == server_id) {
+      // Registered here only after the owner was lost: by the owner's registrants.
+      e.here = at_owner;
+      e.here->takeover = true;
     }
     if (owner == server_id) e.here = std::move(at_owner);
     if (e.here) {
@@ -134,6 +156,15 @@ PoolRoutes PoolRoutes::from_file(const std::string& path, int server_id) {
   std::stringstream text;
   text << in.rdbuf();
   return PoolRoutes(text.str(), server_id, path);
+}
+
+int PoolRoutes::buddy_of(int id) const {
+  return id >= 0 && id < servers_ ? buddies_[static_cast<size_t>(id)] : -1;
+}
+
+int PoolRoutes::owner_of(const std::string& name) const {
+  const auto it = params_.find(name);
+  return it == params_.end() ? -1 : it->second.owner;
 }
 
 std::optional<PoolRoutes::Route> PoolRoutes::route(const std::string& name) const {

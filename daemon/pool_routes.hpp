@@ -24,12 +24,17 @@ class PoolRoutes {
     std::vector<int> registrants;  ///< rank ids expected to register it here, ascending
     int owner = -1;                ///< the owner's server id
     bool relayed = false;          ///< true: this server relays it to the owner
+    /// true: this server is the owner's buddy (servers[].buddy): it is registered here only
+    /// when the owner was lost, by the owner's registrants, and owned here from its replica
+    /// (daemon/replica_store.hpp).
+    bool takeover = false;
   };
 
   /// Parses the plan's JSON text for server `server_id` (its `servers[].id`). `source` names the
   /// plan in messages. Throws InvalidArgument naming the field for a plan that is not JSON, lacks
   /// servers, domains, ranks or parameters, has a server id, rank or relay out of range, or does
-  /// not list `server_id`.
+  /// not list `server_id`; or names a buddy that is its own server, out of range, or relays a
+  /// parameter of the server it buddies.
   PoolRoutes(const std::string& plan_json, int server_id, const std::string& source);
   /// Reads the plan from a file; InvalidArgument when it cannot be read, or as above.
   static PoolRoutes from_file(const std::string& path, int server_id);
@@ -45,6 +50,11 @@ class PoolRoutes {
   int world_size() const { return world_size_; }
   /// Parameters this server relays (their owners elsewhere).
   int relayed() const { return relayed_; }
+  /// The buddy of server `id` (servers[].buddy, optional in the plan): -1 when none or `id` is
+  /// out of range.
+  int buddy_of(int id) const;
+  /// The plan owner of `name`; -1 when the plan does not name it.
+  int owner_of(const std::string& name) const;
   const std::string& source() const { return source_; }
 
  private:
@@ -57,6 +67,7 @@ class PoolRoutes {
   int servers_ = 0;
   int world_size_ = 0;
   int relayed_ = 0;
+  std::vector<int> buddies_;  // by server id, -1: none
   std::map<std::string, Entry> params_;
 };
 

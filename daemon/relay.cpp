@@ -6,6 +6,7 @@
 #include "client/client_error.hpp"
 #include "client/connection.hpp"
 #include "core/error.hpp"
+#include "daemon/log.hpp"
 #include "kernels/bf16.hpp"
 #include "transport/endpoint.hpp"
 
@@ -115,20 +116,113 @@ ErrorMsg Relay::error_of(const std::exception& e, int owner, const std::string& 
           name, step, -1};
 }
 
-std::shared_ptr<client::Connection> Relay::connection(int owner) {
-  if (owner < 0 || owner >= static_cast<int>(config_.pool.size()) || owner == config_.server_id) {
-    throw InvalidArgument("relay: no owner " + std::to_string(owner) + " in a pool of " +
+int Relay::target_of(int owner) {
+  std::lock_guard lk(targets_mu_);
+  const auto it = targets_.find(owner);
+  return it == targets_.end() ? owner : it->second;
+}
+
+bool Relay::fail_over(int owner, int from, const std::string& why) {
+  const int buddy = owner >= 0 && owner < static_cast<int>(config_.buddies.size())
+                        ? config_.buddies[static_cast<size_t>(owner)]
+                        : -1;
+  if (buddy < 0) return false;
+  int next = -1;
+  {
+    std::lock_guard lk(targets_mu_);
+    const auto it = targets_.find(owner);
+    const int current = it == targets_.end() ? owner : it->second;
+    if (current != from) return true;  // another task failed it over already
+    next = from == owner ? buddy : owner;
+    targets_[owner] = next;
+    moved_[next].insert(owner);
+  }
+  log()->warn("relay {}: {} was lost ({}); the parameters of owner {} go to {} from now on, "
+              "which holds their replica; steps in flight are pushed there again",
+              describe(config_.server_id), describe(from), why, describe(owner), describe(next));
+  return true;
+}
+
+int Relay::resolve(int owner) {
+  const int t = target_of(owner);
+  std::string why;
+  {
+    std::lock_guard lk(connections_mu_);
+    const auto it = connections_.find(t);
+    if (it != connections_.end() && it->second) why = it->second->lost_reason();
+  }
+  if (!why.empty() && fail_over(owner, t, why)) return target_of(owner);
+  return t;
+}
+
+void Relay::register_all(int server, client::Connection& conn, const std::vector<int>& owners) {
+  std::vector<std::pair<uint32_t, std::string>> sent;
+  for (int o : owners) {
+    for (const auto& reg : registered_[o]) {
+      conn.expect_updates(reg.name, reg.want, transport::dtype_bytes(reg.update_dtype));
+      sent.emplace_back(conn.send_register(reg), reg.name);
+    }
+  }
+  for (const auto& [id, name] : sent) {
+    const auto ok = conn.wait_register(id, name);
+    RelayStep st;
+    std::function<void(RelayStep)> deliver;
+    {
+      std::lock_guard lk(subscriptions_mu_);
+      const auto it = subscriptions_.find(name);
+      if (it == subscriptions_.end()) continue;
+      st = it->second.prototype;
+      deliver = it->second.deliver;
+    }
+    st.step = ok.last_step;
+    st.resync = true;
+    st.owner = server;
+    post_([deliver, st = std::move(st)]() mutable { deliver(std::move(st)); });
+  }
+}
+
+std::shared_ptr<client::Connection> Relay::connection(int server) {
+  if (server < 0 || server >= static_cast<int>(config_.pool.size()) ||
+      server == config_.server_id) {
+    throw InvalidArgument("relay: no owner " + std::to_string(server) + " in a pool of " +
                           std::to_string(config_.pool.size()) + " servers (this one is " +
                           std::to_string(config_.server_id) + ")");
   }
+  std::shared_ptr<client::Connection> alive;
   {
     std::lock_guard lk(connections_mu_);
-    auto& c = connections_[owner];
-    if (c && c->lost_reason().empty()) return c;
-    c.reset();
+    auto& c = connections_[server];
+    if (c && c->lost_reason().empty()) alive = c;
+    else c.reset();
+  }
+  // The owners whose parameters go to `server`: all of them on a new session (the server
+  // restarted, or the connection broke), those failed over to it since on an existing one.
+  std::vector<int> owners;
+  {
+    std::lock_guard lk(targets_mu_);
+    auto moved = std::move(moved_[server]);
+    moved_.erase(server);
+    if (alive) {
+      owners.assign(moved.begin(), moved.end());
+    } else {
+      for (const auto& [o, regs] : registered_) {
+        const auto it = targets_.find(o);
+        if ((it == targets_.end() ? o : it->second) == server) owners.push_back(o);
+      }
+    }
+  }
+  if (alive) {
+    try {
+      register_all(server, *alive, owners);
+    } catch (...) {
+      std::lock_guard lk(targets_mu_);
+      moved_[server].insert(owners.begin(), owners.end());  // the next connection registers them
+      throw;
+    }
+    return alive;
   }
   if (stopping_) throw client::ConnectionLost("the relay server is shutting down");
-  const std::string& endpoint = config_.pool[static_cast<size_t>(owner)];
+  const std::string& endpoint = config_.pool[static_cast<size_t>(server)];
   const bool tcp = transport::parse_endpoint(endpoint).is_tcp();
   auto fresh = std::make_shared<client::Connection>(
       endpoint, transport::relay_rank(config_.world_size, config_.server_id), config_.world_size,
@@ -137,38 +231,19 @@ std::shared_ptr<client::Connection> Relay::connection(int owner) {
       config_.auth_token, config_.server_id);
   // Callbacks first (the owner sends unasked updates as soon as a registration is whole again),
   // and in the map before any wait, so that ~Relay can abandon it.
-  watch(fresh, owner);
+  watch(fresh, server);
   {
     std::lock_guard lk(connections_mu_);
     if (stopping_) fresh->abandon("the relay server is shutting down");
-    connections_[owner] = fresh;
+    connections_[server] = fresh;
   }
-  // A new session (the owner restarted, or the connection broke): register everything again,
-  // and tell each parameter the owner's last applied step (a restart from a snapshot).
+  // Register everything again, and tell each parameter the server's last applied step (a
+  // restart from a snapshot, or a buddy's replica).
   try {
-    std::vector<std::pair<uint32_t, std::string>> sent;
-    for (const auto& reg : registered_[owner]) {
-      fresh->expect_updates(reg.name, reg.want, transport::dtype_bytes(reg.update_dtype));
-      sent.emplace_back(fresh->send_register(reg), reg.name);
-    }
-    for (const auto& [id, name] : sent) {
-      const auto ok = fresh->wait_register(id, name);
-      RelayStep st;
-      std::function<void(RelayStep)> deliver;
-      {
-        std::lock_guard lk(subscriptions_mu_);
-        const auto it = subscriptions_.find(name);
-        if (it == subscriptions_.end()) continue;
-        st = it->second.prototype;
-        deliver = it->second.deliver;
-      }
-      st.step = ok.last_step;
-      st.resync = true;
-      post_([deliver, st = std::move(st)]() mutable { deliver(std::move(st)); });
-    }
+    register_all(server, *fresh, owners);
   } catch (...) {
     std::lock_guard lk(connections_mu_);
-    if (connections_[owner] == fresh) connections_[owner].reset();
+    if (connections_[server] == fresh) connections_[server].reset();
     throw;
   }
   return fresh;
@@ -222,7 +297,7 @@ void Relay::watch(const std::shared_ptr<client::Connection>& conn, int owner) {
       if (!stopping_ && !lost.empty()) {
         sender_.push([this, owner] {
           try {
-            connection(owner);
+            connection(resolve(owner));
           } catch (const std::exception&) {  // the next step that needs it tries again
           }
         });
@@ -289,7 +364,7 @@ void Relay::register_param(int owner, transport::RegisterParam reg,
     std::shared_ptr<client::Connection> conn;
     uint32_t id = 0;
     try {
-      conn = connection(owner);
+      conn = connection(resolve(owner));
       conn->expect_updates(reg.name, reg.want, transport::dtype_bytes(reg.update_dtype));
       id = conn->send_register(reg);
     } catch (const std::exception& e) {
@@ -321,8 +396,22 @@ void Relay::forward(RelayStep step, std::function<void(RelayStep)> done) {
       std::lock_guard lk(subscriptions_mu_);
       in_flight_.insert({step.name, step.step});
     }
+    // The server lost under this step: the step goes to the other of the pair (owner, buddy),
+    // from the partial sum still held here, at most twice (both lost: the error below).
+    const auto again = [this](RelayStep& st, const std::exception& e, int server,
+                              std::function<void(RelayStep)>& d) {
+      if (dynamic_cast<const client::ConnectionLost*>(&e) == nullptr || st.failovers >= 2 ||
+          !fail_over(st.owner, server, e.what())) {
+        return false;
+      }
+      ++st.failovers;
+      landed(st);
+      forward(std::move(st), std::move(d));
+      return true;
+    };
+    const int server = resolve(step.owner);
     try {
-      conn = connection(step.owner);
+      conn = connection(server);
       std::vector<uint16_t> narrow;
       for (const auto& r : step.push) {
         const float* src = step.grad.data() + r.begin;
@@ -339,17 +428,19 @@ void Relay::forward(RelayStep step, std::function<void(RelayStep)> done) {
       }
       conn->commit(step.name, step.step);
     } catch (const std::exception& e) {
-      step.error = error_of(e, step.owner, step.name, step.step);
+      if (again(step, e, server, done)) return;
+      step.error = error_of(e, server, step.name, step.step);
       landed(step);
       post_([done, step = std::move(step)]() mutable { done(std::move(step)); });
       return;
     }
-    const int owner = step.owner;
-    waiter(owner).push([this, conn, step = std::move(step), done = std::move(done)]() mutable {
+    waiter(server).push([this, conn, server, again, step = std::move(step),
+                         done = std::move(done)]() mutable {
       try {
         if (!step.want.empty()) take_update(*conn, step);
       } catch (const std::exception& e) {
-        step.error = error_of(e, step.owner, step.name, step.step);
+        if (again(step, e, server, done)) return;
+        step.error = error_of(e, server, step.name, step.step);
       }
       landed(step);
       post_([done, step = std::move(step)]() mutable { done(std::move(step)); });
@@ -362,7 +453,8 @@ void Relay::forward_momentum(int owner, const std::string& name, int64_t step, i
   sender_.push([this, owner, name, step, offset, values = std::move(values),
                 failed = std::move(failed)] {
     try {
-      connection(owner)->push(name, step, offset, reinterpret_cast<const std::byte*>(values.data()),
+      connection(resolve(owner))
+          ->push(name, step, offset, reinterpret_cast<const std::byte*>(values.data()),
                               static_cast<int64_t>(values.size()), 4,
                               transport::ChunkKind::momentum);
     } catch (const std::exception& e) {
@@ -376,14 +468,15 @@ void Relay::fetch_momentum(
     std::function<void(std::vector<float>, int64_t, std::optional<ErrorMsg>)> done) {
   sender_.push([this, owner, name, numel, done = std::move(done)] {
     std::shared_ptr<client::Connection> conn;
+    const int server = resolve(owner);
     try {
-      conn = connection(owner);
+      conn = connection(server);
     } catch (const std::exception& e) {
-      post_([done, err = error_of(e, owner, name, -1)] { done({}, -1, err); });
+      post_([done, err = error_of(e, server, name, -1)] { done({}, -1, err); });
       return;
     }
     // On the waiter, behind the answers owed before it: the fetch sees every earlier push.
-    waiter(owner).push([this, owner, conn, name, numel, done] {
+    waiter(server).push([this, owner, conn, name, numel, done] {
       try {
         int64_t last = -1;
         auto values = conn->fetch_momentum(name, numel, &last);

@@ -8,6 +8,13 @@
 // with each partial the sum of its domain's ranks in ascending order: the same for every chunking
 // and arrival order (architecture guide, "Equivalence contract").
 //
+// Failover (docs/design.md, "Failover"): an owner with a buddy (RelayConfig::buddies) that is
+// lost is not connected to again: its parameters go to its buddy, which holds their replica
+// (daemon/replicator.hpp). They are registered there, and the step in flight is pushed there
+// again from the partial sum this relay keeps until an answer comes, so the domain's ranks see
+// nothing. When that server is lost in turn, they go back to the owner (restarted meanwhile,
+// holding the buddy's replicas).
+//
 // Threads: the io thread only enqueues. A sender thread connects, registers, pushes and commits
 // in the order calls were made (connecting again, and registering every parameter again, after
 // a lost owner); one waiter thread per owner takes that owner's answers in the same order and
@@ -49,6 +56,9 @@ struct RelayConfig {
   std::string auth_token;  ///< the pool's token (tcp endpoints)
   std::chrono::milliseconds connect_timeout{10000};
   std::chrono::milliseconds op_timeout{120000};
+  /// By server id: its buddy (plan servers[].buddy, -1 none): where its parameters go when it
+  /// is lost. Empty: no failover (a lost owner is connected to again at the next step).
+  std::vector<int> buddies;
 };
 
 /// One relayed step of one parameter, in and out.
@@ -73,6 +83,8 @@ struct RelayStep {
   /// out: only `step` is set, the owner's last applied step, after registering again with an
   /// owner that restarted
   bool resync = false;
+  /// Times this step was pushed again to another server after the one it went to was lost.
+  int failovers = 0;
 };
 
 class Relay {
@@ -127,9 +139,23 @@ class Relay {
     void push(Task t);
     void run();  // until stopping and empty
   };
-  /// The connection to `owner`, made (and every registration with it replayed) when there is
-  /// none or it was lost. Sender thread only. Throws what Connection throws.
-  std::shared_ptr<client::Connection> connection(int owner);
+  /// The connection to server `server`, made (and every registration of the owners whose
+  /// parameters go there replayed) when there is none or it was lost; an existing one first
+  /// registers the parameters that failed over to it since. Sender thread only. Throws what
+  /// Connection throws.
+  std::shared_ptr<client::Connection> connection(int server);
+  /// Registers every parameter of plan owners `owners` on `conn` (to `server`) and posts each
+  /// one's last applied step there (resync). Sender thread.
+  void register_all(int server, client::Connection& conn, const std::vector<int>& owners);
+  /// The server the parameters of plan owner `owner` go to now: the owner, or after a failover
+  /// its buddy (and back). Any thread.
+  int target_of(int owner);
+  /// target_of, after failing over when the connection to it is known lost. Sender thread.
+  int resolve(int owner);
+  /// Server `from`, which the parameters of `owner` went to, was lost: they go to the other of
+  /// the pair (owner, its buddy) from now on. True when they did (or already had: a retry goes
+  /// to target_of); false when the owner has no buddy. Any thread.
+  bool fail_over(int owner, int from, const std::string& why);
   /// Waits for the update of (step.name, step.step) on `conn` and scatters its want elements
   /// into step.update (numel fp32, zeros elsewhere). Throws what Connection::wait_update throws.
   static void take_update(client::Connection& conn, RelayStep& step);
@@ -157,6 +183,9 @@ class Relay {
   std::map<std::string, Subscription> subscriptions_;
   std::set<std::pair<std::string, int64_t>> in_flight_;  // forwarded, answer not taken yet
   std::map<int, std::vector<transport::RegisterParam>> registered_;  // by owner; sender thread
+  std::mutex targets_mu_;        // targets_, moved_
+  std::map<int, int> targets_;   // plan owner -> the server its parameters go to (absent: itself)
+  std::map<int, std::set<int>> moved_;  // server -> owners failed over to it, not registered yet
   Queue sender_;
   std::thread sender_thread_;
   /// One waiter thread per owner: a slow or hung owner delays only its own answers.

@@ -68,6 +68,11 @@ struct ServerConfig {
   /// Endpoints of every server of the plan in id order (Unix socket paths, tcp://HOST:PORT):
   /// where a relay finds the owners. Needed when the plan has this server relay parameters.
   std::vector<std::string> pool_servers;
+  /// Replicate each owned parameter's state to its owner's buddy (plan servers[].buddy) after
+  /// every step, releasing the update once the buddy holds it, so the buddy can take over
+  /// when this server is lost (daemon/replicator.hpp). Off: no buddy; a crash loses the steps
+  /// since the last snapshot.
+  bool replicate = true;
   /// Numeric health: measure every Nth update of each parameter (the 1st, N+1th, ...); 0: off.
   int64_t health_sample_every = 0;
   /// Warn when a sampled orthogonality error exceeds this; unset: per sample, the error the

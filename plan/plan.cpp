@@ -52,6 +52,44 @@ std::vector<int> servers_per_domain(const Context& ctx, Placement placement, int
   return out;
 }
 
+// Each owner's buddy (Server::buddy): a server that relays none of its parameters (at a
+// takeover the buddy becomes their owner with the owner's registrants: a server that relays one
+// of them for its domain would have to be both), on another host when one qualifies (a host
+// lost takes the owner, not its replicas), the least loaded by momentum bytes already buddied,
+// then the lowest id.
+void choose_buddies(Plan& plan) {
+  std::vector<double> kept(plan.servers.size(), 0.0);
+  for (auto& owner : plan.servers) {
+    if (owner.owns.empty()) continue;
+    double bytes = 0;
+    std::vector<bool> relays_one(plan.servers.size(), false);
+    for (int i : owner.owns) {
+      const auto& p = plan.parameters[i];
+      bytes += static_cast<double>(p.matrix.elements()) * 4.0;
+      for (int r : p.relay) {
+        if (r >= 0) relays_one[r] = true;
+      }
+    }
+    int best = -1;
+    for (const auto& sv : plan.servers) {
+      if (sv.id == owner.id || relays_one[sv.id]) continue;
+      if (best < 0) {
+        best = sv.id;
+        continue;
+      }
+      const auto& b = plan.servers[best];
+      const bool other_host = sv.host != owner.host, best_other = b.host != owner.host;
+      if (other_host != best_other) {
+        if (other_host) best = sv.id;
+        continue;
+      }
+      if (kept[sv.id] < kept[best]) best = sv.id;
+    }
+    owner.buddy = best;
+    if (best >= 0) kept[best] += bytes;
+  }
+}
+
 // Fills each server's ServerMemory (plan/server_memory.hpp) from its owned and relayed
 // parameters, the contributors of each and the sessions the plan opens to it.
 void add_memory(Plan& plan, Placement placement, const MemorySettings& ms, Precision precision) {
@@ -246,6 +284,7 @@ Plan build_candidate(const Context& ctx, Placement placement, int k,
     }
   }
   for (auto& sv : plan.servers) std::sort(sv.relays.begin(), sv.relays.end());
+  choose_buddies(plan);
   add_memory(plan, placement, ctx.request.memory, s.ns_precision);
 
   // Step cost.

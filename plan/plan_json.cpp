@@ -191,6 +191,7 @@ std::string write_plan_json(const Plan& plan) {
                        {"socket_name", sv.socket_name},
                        {"owns", names(sv.owns)},
                        {"relays", names(sv.relays)},
+                       {"buddy", sv.buddy >= 0 ? json(sv.buddy) : json(nullptr)},
                        {"predicted",
                         {{"ns_flops", sv.load.ns_flops},
                          {"ns_s", sv.load.ns_s},

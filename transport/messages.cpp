@@ -155,14 +155,27 @@ json ranges_json(const std::vector<Range>& rs) {
 }
 
 const char* kind_name(ChunkKind k) {
-  return k == ChunkKind::gradient ? "gradient" : "momentum";
+  switch (k) {
+    case ChunkKind::gradient:
+      return "gradient";
+    case ChunkKind::momentum:
+      return "momentum";
+    case ChunkKind::replica_momentum:
+      return "replica_momentum";
+    case ChunkKind::replica_update:
+      return "replica_update";
+  }
+  return "gradient";
 }
 
 ChunkKind read_kind(const Reader& r) {
   const auto s = r.str_or("kind", "gradient");
-  if (s == "gradient") return ChunkKind::gradient;
-  if (s == "momentum") return ChunkKind::momentum;
-  r.fail("field 'kind' must be 'gradient' or 'momentum', got '" + s + "'");
+  for (auto k : {ChunkKind::gradient, ChunkKind::momentum, ChunkKind::replica_momentum,
+                 ChunkKind::replica_update}) {
+    if (s == kind_name(k)) return k;
+  }
+  r.fail("field 'kind' must be 'gradient', 'momentum', 'replica_momentum' or 'replica_update', "
+         "got '" + s + "'");
 }
 
 // Push/commit attempt: optional (absent: 0, the first try).
@@ -234,6 +247,7 @@ std::string encode(const Hello& m) {
   if (m.data_plane != DataPlane::shm) j["data_plane"] = data_plane_name(m.data_plane);
   if (!m.token.empty()) j["token"] = m.token;
   if (m.relay_server >= 0) j["relay_server"] = m.relay_server;
+  if (m.replica_server >= 0) j["replica_server"] = m.replica_server;
   return j.dump();
 }
 std::string encode(const HelloOk& m) {
@@ -253,17 +267,22 @@ std::string encode(const HealthOk& m) {
   return json{{"ready", m.ready}, {"sessions", m.sessions}, {"parameters", m.parameters}}.dump();
 }
 std::string encode(const RegisterParam& m) {
-  return json{{"name", m.name},
-              {"shape", m.shape},
-              {"grad_dtype", dtype_name(m.grad_dtype)},
-              {"update_dtype", dtype_name(m.update_dtype)},
-              {"options", options_to_json_object(m.options)},
-              {"push", ranges_json(m.push)},
-              {"want", ranges_json(m.want)},
-              {"job", m.job},
-              {"resume", m.resume},
-              {"packed", m.packed}}
-      .dump();
+  json j{{"name", m.name},
+         {"shape", m.shape},
+         {"grad_dtype", dtype_name(m.grad_dtype)},
+         {"update_dtype", dtype_name(m.update_dtype)},
+         {"options", options_to_json_object(m.options)},
+         {"push", ranges_json(m.push)},
+         {"want", ranges_json(m.want)},
+         {"job", m.job},
+         {"resume", m.resume},
+         {"packed", m.packed}};
+  if (m.replica) {
+    j["replica"] = true;
+    j["replica_step"] = m.replica_step;
+    j["replica_outcome"] = m.replica_outcome;
+  }
+  return j.dump();
 }
 std::string encode(const RegisterOk& m) {
   return json{{"name", m.name}, {"contributors", m.contributors}, {"last_step", m.last_step}}
@@ -324,9 +343,16 @@ Hello decode<Hello>(const std::string& p) {
   Reader r(p, "hello");
   Hello m;
   m.world_size = static_cast<int>(r.i64("world_size", 1, 1 << 20));
+  if (r.has("relay_server") && r.has("replica_server")) {
+    r.fail("a hello names a relay_server or a replica_server, not both");
+  }
   if (r.has("relay_server")) {
     m.relay_server = static_cast<int>(r.i64("relay_server", 0, kMaxRelayServers - 1));
     const int64_t want = relay_rank(m.world_size, m.relay_server);
+    m.rank = static_cast<int>(r.i64("rank", want, want));
+  } else if (r.has("replica_server")) {
+    m.replica_server = static_cast<int>(r.i64("replica_server", 0, kMaxRelayServers - 1));
+    const int64_t want = replica_rank(m.world_size, m.replica_server);
     m.rank = static_cast<int>(r.i64("rank", want, want));
   } else {
     m.rank = static_cast<int>(r.i64("rank", 0, m.world_size - 1));
@@ -413,6 +439,11 @@ RegisterParam decode<RegisterParam>(const std::string& p) {
   m.job = r.has("job") ? r.str("job", kMaxJob) : "";  // absent from older clients: no identity
   m.resume = r.bool_or("resume", false);
   m.packed = r.bool_or("packed", false);  // absent from older clients: element offsets
+  m.replica = r.bool_or("replica", false);
+  if (m.replica) {
+    m.replica_step = r.i64("replica_step", -1, kMaxStep);
+    m.replica_outcome = r.str("replica_outcome", 64);
+  }
   return m;
 }
 template <>

@@ -67,8 +67,10 @@ const char* data_plane_name(DataPlane d);
 /// "shm", "cuda_ipc" or "nccl"; throws InvalidArgument listing them otherwise.
 DataPlane parse_data_plane(const std::string& name);
 
-/// What a data-plane chunk carries.
-enum class ChunkKind : uint8_t { gradient, momentum };
+/// What a data-plane chunk carries. replica_momentum and replica_update travel only on a
+/// replica session (an owner streaming a parameter's state to its buddy, daemon/replicator.hpp):
+/// the momentum after a step and that step's update, fp32.
+enum class ChunkKind : uint8_t { gradient, momentum, replica_momentum, replica_update };
 
 /// Relay sessions: a server that relays a domain's partial sums to their owner (daemon/relay.hpp)
 /// says hello as rank relay_rank(world_size, its plan id), above every compute rank, so that
@@ -78,6 +80,12 @@ inline int relay_rank(int world_size, int server_id) {
 }
 /// Plan server ids a relay may have (hello.relay_server).
 constexpr int kMaxRelayServers = 1 << 16;
+/// Replica sessions: an owner streaming its parameters' state to its buddy server
+/// (daemon/replicator.hpp) says hello as rank replica_rank(world_size, its plan id), above every
+/// relay rank (a server may hold a relay session and a replica session to the same peer).
+inline int replica_rank(int world_size, int server_id) {
+  return world_size + kMaxRelayServers + server_id;
+}
 
 struct Hello {
   int rank = 0;        ///< this compute rank, 0 <= rank < world_size; a relay: relay_rank(...)
@@ -93,6 +101,9 @@ struct Hello {
   /// the wire): the session is that server forwarding its domain's partial sums, and rank must
   /// be relay_rank(world_size, relay_server).
   int relay_server = -1;
+  /// -1, or the plan id of an owner server opening a replica session (optional on the wire):
+  /// rank must then be replica_rank(world_size, replica_server).
+  int replica_server = -1;
 };
 
 struct HelloOk {
@@ -149,6 +160,15 @@ struct RegisterParam {
   /// one update (as many chunks as its bytes need slots). Momentum chunks (state loading,
   /// state_fetch) keep element offsets over the whole parameter.
   bool packed = false;
+  /// On a replica session only (optional on the wire, absent = false): not a registration but
+  /// the seal of a replica: the replica_momentum (numel fp32) and replica_update chunks of
+  /// replica_step pushed before it are the buddy's copy of the parameter from now on; the
+  /// buddy answers register_ok with last_step = replica_step. replica_outcome: "registered"
+  /// (no step yet, or the restored state: no update), "applied", "skipped" (update zeros), or
+  /// the error code of a refused step ("non_finite", "backend").
+  bool replica = false;
+  int64_t replica_step = -1;
+  std::string replica_outcome;
 };
 /// Bytes a RegisterParam::job may have.
 constexpr size_t kMaxJob = 256;

@@ -21,10 +21,10 @@ void Engine::broadcast(const Param& p, const ErrorMsg& error, int except_rank) {
   }
 }
 
-void Engine::return_update(Param& p, NsJob& job, bool upload) {
+void Engine::return_update(Param& p, NsJob& job, bool upload, int only_rank) {
   try {
     if (upload) p.storage->upload_update(job.update);
-    send_update(job.name, p, job);
+    send_update(job.name, p, job, only_rank);
   } catch (const std::exception& e) {  // a CUDA copy failed: tell the ranks, keep serving
     log()->error("parameter '{}' step {}: returning the update failed: {}", job.name, job.step,
                  e.what());
@@ -36,7 +36,7 @@ void Engine::return_update(Param& p, NsJob& job, bool upload) {
   }
 }
 
-void Engine::send_update(const std::string& name, Param& p, NsJob& job) {
+void Engine::send_update(const std::string& name, Param& p, NsJob& job, int only_rank) {
   const DType dt = p.layout->spec.update_dtype;
   const size_t esize = transport::dtype_bytes(dt);
   const int64_t per_chunk = static_cast<int64_t>(config_.layout.slot_bytes / esize);
@@ -52,7 +52,7 @@ void Engine::send_update(const std::string& name, Param& p, NsJob& job) {
   for (int r = 0; r < static_cast<int>(p.layout->ranks.size()); ++r) {
     const auto& ranks = p.layout->ranks[r];
     const auto& want = ranks.want;
-    if (want.empty()) continue;
+    if (want.empty() || (only_rank >= 0 && r != only_rank)) continue;
     auto s = session_of(r);
     if (!s) continue;
     if (ranks.packed) {

@@ -69,6 +69,24 @@ void Engine::on_push(const SessionPtr& s, const Frame& f) {
     }
   } ack{s, m.slot, device_.get()};
   try {
+    if (m.kind == transport::ChunkKind::replica_momentum ||
+        m.kind == transport::ChunkKind::replica_update) {  // an owner's state, to its buddy (fp32)
+      const size_t bytes = static_cast<size_t>(m.count) * 4;
+      if (bytes > config_.layout.slot_bytes) {
+        throw InvalidArgument("replica chunk of " + std::to_string(m.count) + " elements of '" +
+                              m.name + "' is larger than a slot");
+      }
+      if (widen_.size() < static_cast<size_t>(m.count)) widen_.resize(static_cast<size_t>(m.count));
+      if (s->device_rings) {
+        device_->begin_receive(*s->device_rings, m.slot, m.count, DType::f32);
+        received = true;
+        device_->read_tx_slot(*s->device_rings, m.slot, widen_.data(), bytes);
+      } else {
+        std::memcpy(widen_.data(), s->segment->tx_slot(m.slot), bytes);
+      }
+      on_replica_push(s, m, {widen_.data(), static_cast<size_t>(m.count)});
+      return;
+    }
     Param& p = registered_param(m.name, s);
     const auto& spec = p.layout->spec;
     // Momentum (state loading) always travels as fp32, gradients in their registered dtype.
@@ -87,6 +105,7 @@ void Engine::on_push(const SessionPtr& s, const Frame& f) {
       const void* slot = device_->begin_receive(*s->device_rings, m.slot, m.count, dt);
       received = true;
       if (m.kind == transport::ChunkKind::gradient) {
+        if (replaying(p, m.step)) return;  // answered from the replica at its commit
         check_gradient_step(m, p);
         StepReducer* reducer = start_gathering(s, m, p);
         if (!reducer) return;  // refused (a lost rank): the error went out
@@ -117,6 +136,7 @@ void Engine::on_push(const SessionPtr& s, const Frame& f) {
       metrics_.chunk_received(m.kind, bytes);
       return;
     }
+    if (replaying(p, m.step)) return;  // answered from the replica at its commit
     check_gradient_step(m, p);
     StepReducer* reducer = start_gathering(s, m, p);
     if (!reducer) return;  // refused (a lost rank): the error went out
@@ -138,6 +158,10 @@ void Engine::on_commit(const SessionPtr& s, const Frame& f) {
     // A rank that pushes nothing for this parameter (an empty shard) has nothing to commit: its
     // commit is harmless, whether or not the others have pushed (client/muon_client.h).
     if (!contributes(*p.layout, s->rank)) return;
+    if (replaying(p, m.step)) {  // pushed again after its owner was lost: the owner's answer
+      send_replay(m.name, p, s);
+      return;
+    }
     StepReducer* reducer = p.steps.gathering();
     if (!reducer || reducer->step() != m.step) {
       throw InvalidArgument("parameter '" + m.name + "': commit of step " + std::to_string(m.step) +

@@ -49,6 +49,12 @@ std::string Engine::status_json() const {
     }
     sessions.push_back(std::move(e));
   }
+  // The replicas this server keeps as a buddy: each parameter's last sealed step and its owner.
+  auto& replicas = j["replicas"] = json::array();
+  for (const auto& [name, r] : replicas_.sealed()) {
+    replicas.push_back({{"name", name}, {"step", r.step}, {"outcome", r.outcome},
+                        {"source", r.source}});
+  }
   auto& params = j["parameters"] = json::array();
   for (const auto& [name, p] : params_) {
     json e{{"name", name},
@@ -61,6 +67,10 @@ std::string Engine::status_json() const {
       e["contributors"] = p.layout->contributors;
       e["registrants"] = p.layout->registrants;
       if (p.role && p.role->owner() >= 0) e["relayed_to"] = p.role->owner();  // owner's server id
+      if (p.role && p.role->keeps_momentum_here()) {
+        const int target = replica_target(name);
+        if (target >= 0) e["replicated_to"] = target;  // its buddy's server id
+      }
     } else if (p.pending) {
       e["missing_ranks"] = p.pending->missing_ranks();  // ranks that have not registered it
     }

@@ -16,6 +16,10 @@ using transport::MessageType;
 
 void Engine::on_register(const SessionPtr& s, const Frame& f) {
   auto m = transport::decode<transport::RegisterParam>(f.payload);
+  if (m.replica) {  // not a registration: an owner seals a replica here (daemon/replicator.hpp)
+    on_replica_seal(s, m, f.request_id);
+    return;
+  }
   ParameterSpec spec;
   spec.name = m.name;
   spec.shape = matrix_shape_from_dims(m.shape, m.name);
@@ -168,8 +172,8 @@ void Engine::answer_registration(Param& p) {
 }
 
 void Engine::release_reregistrations(Param& p) {
-  if (p.phase() == Phase::awaiting_owner)
-    return;  // the owner answers first (complete_registration)
+  if (p.phase() == Phase::awaiting_owner || p.awaiting_buddy)
+    return;  // the owner (the buddy) answers first
   for (int r : p.layout->registrants) {
     if (!session_of(r)) return;
   }

@@ -164,6 +164,13 @@ void Engine::on_snapshot(const SessionPtr& s, const Frame& f) {
 
 void Engine::on_state_fetch(const SessionPtr& s, const Frame& f) {
   auto m = transport::decode<transport::StateFetch>(f.payload);
+  if (auto it = params_.find(m.name); it == params_.end() || !it->second.registered()) {
+    if (const Replica* r = replicas_.find(m.name)) {  // a buddy's copy, read back (its tests)
+      send_momentum(s, m.name, r->step, r->momentum.data(),
+                    static_cast<int64_t>(r->momentum.size()));
+      return;
+    }
+  }
   Param* pp = nullptr;
   try {
     pp = &registered_param(m.name, s);

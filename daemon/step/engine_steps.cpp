@@ -33,6 +33,7 @@ StepReducer* Engine::start_gathering(const SessionPtr& s, const transport::Push&
     }
   }
   const auto now = StepMachine::Clock::now();
+  p.replay.reset();  // a later step opens: the taken-over step before it is behind every rank
   StepReducer& reducer = p.steps.open(m.step, *p.layout, now, [&] {
     return p.storage->make_contribution_store();
   });
@@ -53,8 +54,9 @@ void Engine::finish_relayed(RelayStep step) {
   Param& p = it->second;
   if (step.resync) {  // registered again with an owner that restarted
     if (p.last_step() != step.step) {
-      log()->warn("parameter '{}': its owner restarted at last applied step {} (this relay had {})",
-                  step.name, step.step, p.last_step());
+      log()->warn("parameter '{}': registered again with server {} (its owner restarted, or "
+                  "its buddy took it over) at last applied step {} (this relay had {})",
+                  step.name, step.owner, step.step, p.last_step());
     }
     p.steps.record_step(step.step);
     return;
@@ -96,25 +98,43 @@ void Engine::finish_jobs(std::vector<NsJob> jobs) {
     auto it = params_.find(job.name);
     if (it == params_.end()) continue;
     Param& p = it->second;
-    p.steps.finish(job.step, /*consumed=*/true);  // applied, skipped or refused
+    const int target = replica_target(job.name);
+    // applied, skipped or refused; with a buddy, held back until the buddy holds it
+    p.steps.finish(job.step, /*consumed=*/true, /*replicate=*/target >= 0);
     collect_periodic(job.name, p);
-    if (!job.error.empty()) {
-      log()->warn("parameter '{}' step {}: {}", job.name, job.step, job.error);
-      metrics_.error(job.error_code);
-      metrics_.step_done("refused");
-      broadcast(p, {job.error_code, job.error, job.name, job.step, -1});
-      p.grad = std::move(job.grad);
+    if (target < 0) {
+      release_step(p, job);
       continue;
     }
-    return_update(p, job, /*upload=*/false);
-    metrics_.step_done(job.applied ? "applied" : "skipped");
-    if (job.applied) metrics_.newton_schulz(job.shape, job.compute_seconds);
-    metrics_.step_latency(job.shape, seconds_since(p.step_started));
-    if (job.health) observe_health(job.name, p, job);
-    p.grad = std::move(job.grad);
-    p.update = std::move(job.update);
+    auto held = std::make_shared<NsJob>(std::move(job));
+    const bool refused = !held->error.empty();
+    const std::string outcome = refused ? held->error_code : held->applied ? "applied" : "skipped";
+    const float* update = refused ? nullptr : p.storage->host_update(*held);
+    replicate_then(held->name, p, target, held->step, outcome, update, [this, held](Param& q) {
+      q.steps.replicated();
+      release_step(q, *held);
+      after_steps();
+    });
   }
   after_steps();
+}
+
+void Engine::release_step(Param& p, NsJob& job) {
+  if (!job.error.empty()) {
+    log()->warn("parameter '{}' step {}: {}", job.name, job.step, job.error);
+    metrics_.error(job.error_code);
+    metrics_.step_done("refused");
+    broadcast(p, {job.error_code, job.error, job.name, job.step, -1});
+    p.grad = std::move(job.grad);
+    return;
+  }
+  return_update(p, job, /*upload=*/false);
+  metrics_.step_done(job.applied ? "applied" : "skipped");
+  if (job.applied) metrics_.newton_schulz(job.shape, job.compute_seconds);
+  metrics_.step_latency(job.shape, seconds_since(p.step_started));
+  if (job.health) observe_health(job.name, p, job);
+  p.grad = std::move(job.grad);
+  p.update = std::move(job.update);
 }
 
 void Engine::after_steps() {
@@ -194,6 +214,8 @@ void Engine::on_closed(const SessionPtr& s, const std::string& why) {
     if (it != ranks_.end() && it->second.lock() == s) ranks_.erase(it);
   }
   log()->info("session {} ({}) closed: {}", s->id(), rank_name(rank), why);
+  // An owner's replica session carries no step: its loss is the owner's, which its ranks see.
+  if (is_replica_session(*s)) return;
   if (rank >= 0 && why != "goodbye" && !stopping_) {
     lost_ranks_[rank] = rank_name(rank) + " (" + s->client_name + ") was lost (" + why + ")";
     tell_lost(s, lost_ranks_[rank]);

@@ -16,7 +16,24 @@ class OwnedRole final : public ParameterRole {
   void registered(const std::string& name, ParamState& p) override {
     const auto& shape = p.layout->spec.shape;
     p.momentum.assign(static_cast<size_t>(shape.numel()), 0.0f);
-    if (auto r = e_.restored_.find(name); r != e_.restored_.end()) {
+    if (auto replica = e_.replicas_.take(name)) {
+      // Its owner replicated it here (this server is its buddy, or the owner restarted while
+      // its buddy owned it): the replica is newer than any snapshot.
+      const auto rs = matrix_shape_from_dims(replica->shape, name);
+      if (rs.batch == shape.batch && rs.rows == shape.rows && rs.cols == shape.cols) {
+        p.momentum = std::move(replica->momentum);
+        p.steps.record_step(replica->step);
+        log()->warn("parameter '{}': taken over from the replica of server {} at step {} ({}); "
+                    "registered by ranks {}",
+                    name, replica->source, replica->step, replica->outcome,
+                    ranks_text(p.layout->registrants, e_.world_size_));
+        if (replica->outcome != "registered") p.replay = std::move(*replica);
+      } else {
+        log()->warn("replica of '{}' is {} but it was registered as {}: not taken over", name,
+                    rs.str(), shape.str());
+      }
+      e_.restored_.erase(name);
+    } else if (auto r = e_.restored_.find(name); r != e_.restored_.end()) {
       const auto rs = matrix_shape_from_dims(r->second.shape, name);
       if (rs.batch == shape.batch && rs.rows == shape.rows && rs.cols == shape.cols) {
         p.momentum = r->second.momentum;
@@ -35,6 +52,17 @@ class OwnedRole final : public ParameterRole {
                 shape.str(), ranks_text(p.layout->registrants, e_.world_size_),
                 p.layout->contributors);
     p.steps.registration_complete(/*relayed=*/false);
+    // The buddy holds the state before any rank learns of it (the last step in register_ok).
+    if (const int target = e_.replica_target(name); target >= 0) {
+      Engine& e = e_;
+      p.awaiting_buddy = true;
+      e.replicate_then(name, p, target, p.last_step(), "registered", nullptr,
+                       [&e](ParamState& q) {
+                         q.awaiting_buddy = false;
+                         e.answer_registration(q);
+                       });
+      return;
+    }
     e_.answer_registration(p);
   }
 

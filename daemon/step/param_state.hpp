@@ -15,6 +15,7 @@
 #include "daemon/numeric_health.hpp"
 #include "daemon/parameter.hpp"
 #include "daemon/registration.hpp"
+#include "daemon/replica_store.hpp"
 #include "daemon/step/parameter_role.hpp"
 #include "daemon/step/param_storage.hpp"
 #include "daemon/step/step_machine.hpp"
@@ -52,6 +53,12 @@ struct ParamState {
   std::optional<NumericHealth> health;  // last sample
   int64_t health_step = -1;             // its step
   bool unhealthy = false;  // the last sample exceeded the threshold (warned once)
+  /// Taken over from a replica whose step its lost owner may have released to some ranks only:
+  /// that step (outcome, update), answered from here to a rank that pushes it again, until
+  /// the next step opens.
+  std::optional<Replica> replay;
+  /// Registered, its first state on the way to its buddy: register_ok waits for the buddy.
+  bool awaiting_buddy = false;
   /// Where the step's buffers live (host, or the GPU data plane); made at registration.
   std::unique_ptr<ParamStorage> storage;
 

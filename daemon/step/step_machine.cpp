@@ -19,6 +19,8 @@ const char* phase_name(Phase phase) {
       return "gathering";
     case Phase::computing:
       return "computing";
+    case Phase::replicating:
+      return "replicating";
   }
   return "unknown";
 }
@@ -62,6 +64,10 @@ void StepMachine::check_step(int64_t step) const {
     throw InvalidArgument(who + "step " + std::to_string(step) + " pushed while step " +
                           std::to_string(reducer_->step()) + " is still being computed");
   }
+  if (phase_ == Phase::replicating) {
+    throw InvalidArgument(who + "step " + std::to_string(step) + " pushed while step " +
+                          std::to_string(last_step_) + " is still being replicated to its buddy");
+  }
   if (last_step_ >= 0 && step <= last_step_) {
     throw StepMismatch(who + "step " + std::to_string(step) +
                        " was already applied (last applied step " + std::to_string(last_step_) +
@@ -102,9 +108,13 @@ void StepMachine::start_computing() {
   phase_ = Phase::computing;
 }
 
-void StepMachine::finish(int64_t step, bool consumed) {
+void StepMachine::finish(int64_t step, bool consumed, bool replicate) {
   if (consumed) last_step_ = step;
-  if (phase_ == Phase::computing) phase_ = Phase::idle;
+  if (phase_ == Phase::computing) phase_ = consumed && replicate ? Phase::replicating : Phase::idle;
+}
+
+void StepMachine::replicated() {
+  if (phase_ == Phase::replicating) phase_ = Phase::idle;
 }
 
 void StepMachine::load(int64_t step) {

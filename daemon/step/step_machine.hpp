@@ -13,12 +13,18 @@
 //   computing --finish(step, consumed)--> idle          (applied, skipped or refused: last_step =
 //                                                         step; a relayed step its owner dropped:
 //                                                         unchanged, the ranks may push it again)
+//   computing --finish(step, consumed, replicate)--> replicating   (an owned step whose buddy
+//                                                         must hold it before its update goes out:
+//                                                         last_step = step, momentum final)
+//   replicating --replicated()--> idle                  (the buddy answered, or is unreachable;
+//                                                         the update or error is released now)
 //
 // Step rules: the first step after registration (or restore) may be any number; later ones must
 // follow the last applied step by exactly one; no step while one computes; one step gathered at a
-// time. Issue 17 (failover) adds computing --owner lost--> computing, the step in flight re-pushed
-// to a new owner: the reducer keeps the step's contributions until the next open(), so the step
-// can be reduced again.
+// time; no step while the last one replicates. Failover (docs/design.md) happens above the machine:
+// a relay keeps the forwarded partial sum of its step in flight (computing) until an owner
+// answers, and pushes it again to the buddy that took over; a buddy that took over starts its
+// machine from the replica's last step (record_step).
 #pragma once
 
 #include <chrono>
@@ -54,9 +60,10 @@ enum class Phase {
   idle,            ///< registered, no step open
   gathering,       ///< a step's contributions being reduced
   computing,       ///< the reduced step is with the worker, or forwarded to the owner
+  replicating,     ///< applied; its update waits until the buddy holds the new state
 };
 
-/// "registering", "awaiting_owner", "idle", "gathering", "computing".
+/// "registering", "awaiting_owner", "idle", "gathering", "computing", "replicating".
 const char* phase_name(Phase phase);
 
 /// A gathered step that was dropped: which, and the contributors that had not committed.
@@ -111,8 +118,11 @@ class StepMachine {
   void start_computing();
   /// computing -> idle: the step came back. `consumed`: applied, skipped or refused (last_step
   /// becomes `step`); otherwise dropped by the owner (last_step unchanged). Outside computing
-  /// only last_step is set (an answer the io thread runs must never throw).
-  void finish(int64_t step, bool consumed);
+  /// only last_step is set (an answer the io thread runs must never throw). `replicate`: a
+  /// consumed step goes replicating instead of idle.
+  void finish(int64_t step, bool consumed, bool replicate = false);
+  /// replicating -> idle (the buddy holds the step, or cannot be reached); nothing otherwise.
+  void replicated();
   /// The owner's word about a step outside this machine's hand-offs (an unasked update of a
   /// domain that pushes nothing, a step the owner consumed, its last step after a restart): sets
   /// last_step, the phase stays.

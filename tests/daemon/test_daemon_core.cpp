@@ -25,6 +25,7 @@
 #include "core/error.hpp"
 #include "daemon/parameter.hpp"
 #include "daemon/pool_routes.hpp"
+#include "daemon/replica_store.hpp"
 #include "daemon/registration.hpp"
 #include "daemon/scheduler.hpp"
 #include "daemon/snapshot.hpp"
@@ -336,6 +337,101 @@ TEST(PoolRoutes, MalformedPlansAreRefusedNamingTheField) {
       {"compute_ranks[]"});
   expect_throw_with<InvalidArgument>([] { PoolRoutes::from_file("/nonexistent/plan.json", 0); },
                                      {"cannot read plan '/nonexistent/plan.json'"});
+}
+
+TEST(PoolRoutes, ABuddyIsRoutedTheOwnersRegistrantsForATakeover) {
+  // Server 1 keeps server 0's replicas, server 0 keeps server 2's.
+  const std::string plan = plan_with(R"("servers": [{"id": 0}, {"id": 1}, {"id": 2}])",
+                                     R"("servers": [{"id": 0, "buddy": 1}, {"id": 1},
+                                                    {"id": 2, "buddy": 0}])");
+  const PoolRoutes s0(plan, 0, "p"), s1(plan, 1, "p"), s2(plan, 2, "p");
+  EXPECT_EQ(s0.buddy_of(0), 1);
+  EXPECT_EQ(s0.buddy_of(1), -1);
+  EXPECT_EQ(s0.buddy_of(2), 0);
+  EXPECT_EQ(s0.owner_of("a"), 0);
+  EXPECT_EQ(s0.owner_of("not.in.plan"), -1);
+  // a at its buddy: owned there with the owner's registrants, only after a takeover.
+  const auto a1 = s1.route("a");
+  ASSERT_TRUE(a1);
+  EXPECT_FALSE(a1->relayed);
+  EXPECT_TRUE(a1->takeover);
+  EXPECT_EQ(a1->owner, 0);
+  EXPECT_EQ(a1->registrants, (std::vector<int>{0, 1, 4, 7}));
+  // b at its buddy, server 0.
+  EXPECT_TRUE(s0.route("b")->takeover);
+  EXPECT_EQ(s0.route("b")->registrants, (std::vector<int>{2, 3, 4, 6}));
+  EXPECT_FALSE(s0.route("a")->takeover);
+  EXPECT_FALSE(s2.route("b")->takeover);
+  // A buddy that relays one of its owner's parameters, or a server of its own, is refused.
+  expect_throw_with<InvalidArgument>(
+      [] {
+        PoolRoutes(plan_with(R"({"id": 2})", R"({"id": 2, "buddy": 1})"), 0, "p");
+      },
+      {"server 1 relays it for domain 0 and is the buddy of its owner, server 2"});
+  expect_throw_with<InvalidArgument>(
+      [] { PoolRoutes(plan_with(R"({"id": 2})", R"({"id": 2, "buddy": 2})"), 0, "p"); },
+      {"server 2 is its own buddy"});
+  expect_throw_with<InvalidArgument>(
+      [] { PoolRoutes(plan_with(R"({"id": 2})", R"({"id": 2, "buddy": 7})"), 0, "p"); },
+      {"servers[2].buddy must be an integer in [0, 3)"});
+}
+
+// ReplicaStore
+
+namespace {
+
+transport::RegisterParam seal_of(const std::string& name, int64_t step, const std::string& outcome) {
+  transport::RegisterParam m;
+  m.name = name;
+  m.shape = {2, 3};
+  m.replica = true;
+  m.replica_step = step;
+  m.replica_outcome = outcome;
+  return m;
+}
+
+}  // namespace
+
+TEST(ReplicaStore, AStepIsKeptOnlyOnceSealedWhole) {
+  using transport::ChunkKind;
+  ReplicaStore store;
+  const std::vector<float> m0{1, 2, 3, 4, 5, 6}, u0{6, 5, 4, 3, 2, 1};
+  store.stage("w", 1, ChunkKind::replica_momentum, 4, 0, std::span(m0).first(4));
+  store.stage("w", 1, ChunkKind::replica_momentum, 4, 4, std::span(m0).subspan(4));
+  store.stage("w", 1, ChunkKind::replica_update, 4, 0, u0);
+  EXPECT_EQ(store.find("w"), nullptr);  // staged, not sealed
+  store.seal(seal_of("w", 4, "applied"), 1);
+  ASSERT_NE(store.find("w"), nullptr);
+  EXPECT_EQ(store.find("w")->step, 4);
+  EXPECT_EQ(store.find("w")->momentum, m0);
+  EXPECT_EQ(store.find("w")->update, u0);
+  EXPECT_EQ(store.find("w")->source, 1);
+  // Step 5 half streamed (the owner lost mid-stream): its seal is refused, step 4 stays whole.
+  const std::vector<float> m1{9, 9, 9};
+  store.stage("w", 1, ChunkKind::replica_momentum, 5, 0, m1);
+  expect_throw_with<InvalidArgument>([&] { store.seal(seal_of("w", 5, "applied"), 1); },
+                                     {"replica of 'w' step 5", "3 momentum values staged for 6"});
+  EXPECT_EQ(store.find("w")->step, 4);
+  EXPECT_EQ(store.find("w")->momentum, m0);
+  // A seal of a step nothing was staged for; an applied step without its update.
+  expect_throw_with<InvalidArgument>([&] { store.seal(seal_of("w", 6, "applied"), 1); },
+                                     {"no chunk of that step staged"});
+  store.stage("w", 1, ChunkKind::replica_momentum, 7, 0, m0);
+  expect_throw_with<InvalidArgument>([&] { store.seal(seal_of("w", 7, "applied"), 1); },
+                                     {"0 update values staged for outcome 'applied'"});
+  // The registration state: momentum only.
+  store.stage("v", 2, ChunkKind::replica_momentum, -1, 0, m0);
+  store.seal(seal_of("v", -1, "registered"), 2);
+  EXPECT_EQ(store.find("v")->step, -1);
+  EXPECT_TRUE(store.find("v")->update.empty());
+  // Taken over: out of the store.
+  const auto taken = store.take("w");
+  ASSERT_TRUE(taken);
+  EXPECT_EQ(taken->step, 4);
+  EXPECT_EQ(store.find("w"), nullptr);
+  EXPECT_FALSE(store.take("w"));
+  expect_throw_with<InvalidArgument>(
+      [&] { store.stage("w", 1, ChunkKind::gradient, 1, 0, m0); }, {"replica of 'w'"});
 }
 
 TEST(Registration, OverlapWithinRankRefusedAndStateKept) {

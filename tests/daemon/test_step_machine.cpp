@@ -162,6 +162,34 @@ TEST(StepMachine, AStepGathersComputesAndFinishes) {
   EXPECT_EQ(m.last_step(), 7);
 }
 
+TEST(StepMachine, AReplicatedStepHoldsTheNextOneUntilTheBuddyHasIt) {
+  const auto layout = sharded_layout();
+  auto m = idle_machine();
+  StepReducer& r = m.open(7, layout, {}, host_store);
+  push_and_commit(r, 0);
+  push_and_commit(r, 1);
+  m.start_computing();
+  m.finish(7, /*consumed=*/true, /*replicate=*/true);
+  EXPECT_EQ(m.phase(), Phase::replicating);
+  EXPECT_EQ(m.last_step(), 7);  // applied: the momentum is final
+  EXPECT_STREQ(phase_name(m.phase()), "replicating");
+  EXPECT_CONTAINS(error_of([&] { m.check_step(8); }),
+                  "step 8 pushed while step 7 is still being replicated to its buddy");
+  m.replicated();
+  EXPECT_EQ(m.phase(), Phase::idle);
+  m.check_step(8);
+  // A relayed step the owner dropped does not replicate (nothing was applied).
+  StepReducer& r8 = m.open(8, layout, {}, host_store);
+  push_and_commit(r8, 0);
+  push_and_commit(r8, 1);
+  m.start_computing();
+  m.finish(8, /*consumed=*/false, /*replicate=*/true);
+  EXPECT_EQ(m.phase(), Phase::idle);
+  EXPECT_EQ(m.last_step(), 7);
+  m.replicated();  // outside replicating: nothing
+  EXPECT_EQ(m.phase(), Phase::idle);
+}
+
 TEST(StepMachine, StepRulesNameTheParameterAndTheSteps) {
   const auto layout = sharded_layout();
   auto m = idle_machine();

@@ -147,6 +147,14 @@ TEST(Plan, HgxH100AutoCoLocatesOneServerPerGpu) {
   ASSERT_NE(dedicated, p.candidates.end());
   EXPECT_GT(dedicated->total_s, 10 * p.cost.total_s);
   EXPECT_EQ(p.servers[3].socket_name, "muon-offloadd-gpu3.sock");
+  // Every owner gets a buddy, spread by momentum bytes: no server keeps two owners' replicas.
+  std::vector<int> kept(p.servers.size(), 0);
+  for (const auto& sv : p.servers) {
+    ASSERT_GE(sv.buddy, 0);
+    EXPECT_NE(sv.buddy, sv.id);
+    ++kept[sv.buddy];
+  }
+  EXPECT_EQ(*std::max_element(kept.begin(), kept.end()), 1);
 }
 
 TEST(Plan, HgxH100DedicatedServesFromTheHighestGpuOfEachNumaNode) {
@@ -166,6 +174,10 @@ TEST(Plan, HgxH100DedicatedServesFromTheHighestGpuOfEachNumaNode) {
   EXPECT_EQ(server_gpus(two), (std::vector<int>{3, 7}));
   EXPECT_EQ(two.ranks[3].gpu_index, 4);
   EXPECT_NEAR(two.servers[0].load.ns_s, two.servers[1].load.ns_s, 0.02 * two.servers[0].load.ns_s);
+  // One domain, no relays: each server keeps the other's replicas; one server has no buddy.
+  EXPECT_EQ(two.servers[0].buddy, 1);
+  EXPECT_EQ(two.servers[1].buddy, 0);
+  EXPECT_EQ(one.servers[0].buddy, -1);
 }
 
 TEST(Plan, DgxA100SpreadsServersOverNumaNodes) {
@@ -191,6 +203,9 @@ TEST(Plan, NvlinkBridgedPairsRelayAcrossPairs) {
   // share the host, so the partial sums cross PCIe.
   EXPECT_EQ(p.servers[0].relays.size(), p.servers[1].owns.size());
   EXPECT_EQ(p.servers[1].relays.size(), p.servers[0].owns.size());
+  // So neither may keep the other's replicas (a takeover would change the reduction tree).
+  EXPECT_EQ(p.servers[0].buddy, -1);
+  EXPECT_EQ(p.servers[1].buddy, -1);
   EXPECT_GT(p.servers[0].load.bytes_in[static_cast<int>(LinkKind::pcie)], 0);
   EXPECT_EQ(p.servers[0].load.bytes_in[static_cast<int>(LinkKind::network)], 0);
   EXPECT_EQ(p.domains[0].link_bw, 100e9);  // NV4
@@ -314,6 +329,8 @@ TEST(Plan, JsonCarriesWhatTheLauncherNeeds) {
   EXPECT_EQ(doc["parameters"].size(), 224u);
   EXPECT_EQ(doc["parameters"][0]["name"], "model.layers.0.self_attn.q_proj.weight");
   EXPECT_EQ(doc["parameters"][0]["relays"].size(), 2u);
+  EXPECT_TRUE(doc["servers"][0].contains("buddy"));  // null: each server relays the other's
+  EXPECT_TRUE(doc["servers"][0]["buddy"].is_null());
   EXPECT_EQ(doc["ranks"][0]["endpoints"][0]["socket_name"], "muon-offloadd-gpu7.sock");
   EXPECT_EQ(doc["ranks"][0]["endpoints"][0]["same_host"], true);
   EXPECT_EQ(doc["domains"][0]["kind"], "nvswitch");

@@ -211,6 +211,41 @@ TEST(Messages, RelayHelloCarriesItsServerIdAndARankAboveTheComputeRanks) {
                         "field 'rank' = 11 is outside [0, 7]");
 }
 
+TEST(Messages, ReplicaHelloAndSealRoundTrip) {
+  Hello h;
+  h.world_size = 8;
+  h.replica_server = 2;
+  h.rank = replica_rank(8, 2);
+  const auto back = decode<Hello>(encode(h));
+  EXPECT_EQ(back.replica_server, 2);
+  EXPECT_EQ(back.relay_server, -1);
+  EXPECT_EQ(back.rank, 8 + kMaxRelayServers + 2);  // above every relay rank
+  EXPECT_EQ(encode(Hello{}).find("replica_server"), std::string::npos);
+  expect_protocol_error([] { decode<Hello>(R"({"rank":11,"world_size":8,"replica_server":2})"); },
+                        "field 'rank' = 11 is outside");
+  expect_protocol_error(
+      [] { decode<Hello>(R"({"rank":11,"world_size":8,"relay_server":3,"replica_server":3})"); },
+      "not both");
+  RegisterParam seal;
+  seal.name = "w";
+  seal.shape = {4, 4};
+  seal.replica = true;
+  seal.replica_step = -1;
+  seal.replica_outcome = "registered";
+  const auto s2 = decode<RegisterParam>(encode(seal));
+  EXPECT_TRUE(s2.replica);
+  EXPECT_EQ(s2.replica_step, -1);
+  EXPECT_EQ(s2.replica_outcome, "registered");
+  // A registration carries none of it.
+  seal.replica = false;
+  EXPECT_EQ(encode(seal).find("replica"), std::string::npos);
+  EXPECT_FALSE(decode<RegisterParam>(encode(seal)).replica);
+  for (auto k : {ChunkKind::replica_momentum, ChunkKind::replica_update}) {
+    Push p{"w", 3, 0, 16, 1, k};
+    EXPECT_EQ(decode<Push>(encode(p)).kind, k);
+  }
+}
+
 TEST(Messages, EachBadFieldIsNamed) {
   expect_protocol_error([] { decode<Hello>("[1,2]"); }, "hello: payload must be a JSON object");
   expect_protocol_error([] { decode<Hello>(R"({"rank":0})"); }, "missing field 'world_size'");
@@ -223,7 +258,7 @@ TEST(Messages, EachBadFieldIsNamed) {
       "field 'step' = -1");
   expect_protocol_error(
       [] { decode<Push>(R"({"name":"w","step":0,"offset":0,"count":1,"slot":0,"kind":"x"})"); },
-      "field 'kind' must be 'gradient' or 'momentum'");
+      "field 'kind' must be 'gradient', 'momentum', 'replica_momentum' or 'replica_update'");
   RegisterParam base;
   base.name = "w";
   base.shape = {4, 4};

@@ -1,0 +1,99 @@
+// The owner's side of replication (docs/design.md, "Failover"): after each step a parameter
+// owned here applied, its momentum and the step's update go to the parameter's buddy server
+// (plan servers[].buddy; daemon/replica_store.hpp keeps them there), and the Engine releases the
+// update to the ranks only once the buddy answered that it holds them. So whatever step any rank
+// has seen, the buddy holds the state after it: a takeover loses no step and applies none twice.
+//
+// Wire: a replica session (hello as transport::replica_rank(world_size, this server's id)) per
+// buddy; per replicated step, the momentum as replica_momentum chunks and the update as
+// replica_update chunks (fp32, the push's step is the replica step + 1: a push's step is never
+// negative), then a RegisterParam with replica = true that seals them; its register_ok is the
+// buddy's acknowledgement.
+//
+// Threads: the io thread only enqueues. One sender thread streams the jobs in order and posts
+// each outcome back. A buddy that cannot be reached fails its jobs at once for retry_after (no
+// step waits for a dead buddy's connect timeout), then is tried again.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "transport/messages.hpp"
+
+namespace muon::client {
+class Connection;
+}
+
+namespace muon::daemon {
+
+/// How this server reaches its buddies (muon-offloadd --pool-servers, --server-id).
+struct ReplicatorConfig {
+  std::vector<std::string> pool;  ///< every server of the plan in id order
+  int server_id = 0;
+  int world_size = 1;
+  transport::DataPlane local_plane = transport::DataPlane::shm;
+  transport::DataPlane remote_plane = transport::DataPlane::shm;
+  std::string auth_token;
+  std::chrono::milliseconds connect_timeout{500};
+  std::chrono::milliseconds op_timeout{30000};
+  /// After a failure toward a buddy, its jobs fail at once for this long.
+  std::chrono::milliseconds retry_after{2000};
+};
+
+/// One replicated step of one parameter.
+struct ReplicaJob {
+  int target = -1;  ///< the buddy's plan id
+  /// The seal: name, shape, dtypes, options; replica = true, replica_step, replica_outcome.
+  transport::RegisterParam seal;
+  const float* momentum = nullptr;  ///< numel fp32; unchanged until the job's done ran
+  const float* update = nullptr;    ///< numel fp32, or null (no update to replicate)
+  int64_t numel = 0;
+};
+
+class Replicator {
+ public:
+  /// Runs a callback on the io thread.
+  using Post = std::function<void(std::function<void()>)>;
+  /// "" when the buddy holds the step, else why not (unreachable, refused).
+  using Done = std::function<void(std::string error)>;
+
+  /// Starts the sender thread; connects to a buddy when its first job comes. Throws
+  /// InvalidArgument when config.server_id is not in config.pool.
+  Replicator(ReplicatorConfig config, Post post);
+  /// Abandons every connection (the job in progress fails), runs the rest of the queue as
+  /// failures, joins the thread.
+  ~Replicator();
+  Replicator(const Replicator&) = delete;
+  Replicator& operator=(const Replicator&) = delete;
+
+  /// Streams `job` to its buddy and seals it; `done` runs on the io thread.
+  void replicate(ReplicaJob job, Done done);
+  /// "server 2 (/run/.../b.sock)" for messages.
+  std::string describe(int id) const;
+
+ private:
+  std::string run(const ReplicaJob& job);  // sender thread: "" or the error
+  std::shared_ptr<client::Connection> connection(int target);
+
+  ReplicatorConfig config_;
+  Post post_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<ReplicaJob, Done>> jobs_;
+  bool stopping_ = false;
+  std::map<int, std::shared_ptr<client::Connection>> connections_;  // under mu_
+  std::map<int, std::chrono::steady_clock::time_point> down_until_;  // sender thread
+  std::thread thread_;
+};
+
+}  // namespace muon::daemon
