@@ -137,6 +137,18 @@ bool Relay::fail_over(int owner, int from, const std::string& why) {
     targets_[owner] = next;
     moved_[next].insert(owner);
   }
+  // The lost connection goes now: when the parameters come back to `from` (restarted), a new
+  // session is made; a stale lost one must not send them away again (resolve).
+  std::shared_ptr<client::Connection> dead;  // released outside the lock (it joins a thread)
+  {
+    std::lock_guard lk(connections_mu_);
+    const auto it = connections_.find(from);
+    if (it != connections_.end()) {
+      if (it->second) it->second->abandon("lost: " + why);
+      dead = std::move(it->second);
+      connections_.erase(it);
+    }
+  }
   log()->warn("relay {}: {} was lost ({}); the parameters of owner {} go to {} from now on, "
               "which holds their replica; steps in flight are pushed there again",
               describe(config_.server_id), describe(from), why, describe(owner), describe(next));

@@ -197,6 +197,10 @@ def test_soak_owner_killed_at_random_moments_loses_no_step(tmpdir_private):
         print(f"\nfailover soak: {killer.kills} owner kills over {step} steps, 0 errors seen by "
               f"the trainer; kill to next completed step: median "
               f"{statistics.median(kill_to_step):.3f} s, max {max(kill_to_step):.3f} s")
+    except BaseException:
+        for i, s in enumerate(servers):  # what the servers said, for the failure's report
+            print(f"--- server {i} log ---\n" + open(s.log).read()[-3000:])
+        raise
     finally:
         for s in servers:
             s.stop()
