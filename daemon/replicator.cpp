@@ -58,6 +58,11 @@ void Replicator::replicate(ReplicaJob job, Done done) {
   cv_.notify_one();
 }
 
+void Replicator::mark_down(int target) {
+  std::lock_guard lk(mu_);
+  down_until_[target] = std::chrono::steady_clock::now() + config_.retry_after;
+}
+
 std::string Replicator::describe(int id) const {
   const bool known = id >= 0 && id < static_cast<int>(config_.pool.size());
   return "server " + std::to_string(id) +
@@ -94,9 +99,12 @@ std::string Replicator::run(const ReplicaJob& job) {
     return "no buddy " + std::to_string(target) + " in a pool of " +
            std::to_string(config_.pool.size()) + " servers";
   }
-  const auto now = std::chrono::steady_clock::now();
-  if (auto it = down_until_.find(target); it != down_until_.end() && now < it->second) {
-    return "buddy " + describe(target) + " was unreachable moments ago";
+  {
+    std::lock_guard lk(mu_);
+    const auto now = std::chrono::steady_clock::now();
+    if (auto it = down_until_.find(target); it != down_until_.end() && now < it->second) {
+      return "buddy " + describe(target) + " was unreachable moments ago";
+    }
   }
   try {
     auto conn = connection(target);
@@ -112,13 +120,14 @@ std::string Replicator::run(const ReplicaJob& job) {
       return "buddy " + describe(target) + " sealed step " + std::to_string(ok.last_step) +
              " of '" + name + "', not " + std::to_string(job.seal.replica_step);
     }
+    std::lock_guard lk(mu_);
     down_until_.erase(target);
     return "";
   } catch (const std::exception& e) {
-    down_until_[target] = std::chrono::steady_clock::now() + config_.retry_after;
     std::shared_ptr<client::Connection> dead;  // destroyed outside the lock (it joins a thread)
     {
       std::lock_guard lk(mu_);
+      down_until_[target] = std::chrono::steady_clock::now() + config_.retry_after;
       if (auto it = connections_.find(target); it != connections_.end()) {
         dead = std::move(it->second);
         connections_.erase(it);

@@ -78,6 +78,9 @@ class Replicator {
 
   /// Streams `job` to its buddy and seals it; `done` runs on the io thread.
   void replicate(ReplicaJob job, Done done);
+  /// Buddy `target` is known lost (its replica session toward this server broke): its jobs fail
+  /// at once for retry_after, as after a failed job. Any thread.
+  void mark_down(int target);
   /// "server 2 (/run/.../b.sock)" for messages.
   std::string describe(int id) const;
 
@@ -92,7 +95,7 @@ class Replicator {
   std::deque<std::pair<ReplicaJob, Done>> jobs_;
   bool stopping_ = false;
   std::map<int, std::shared_ptr<client::Connection>> connections_;  // under mu_
-  std::map<int, std::chrono::steady_clock::time_point> down_until_;  // sender thread
+  std::map<int, std::chrono::steady_clock::time_point> down_until_;  // under mu_
   std::thread thread_;
 };
 

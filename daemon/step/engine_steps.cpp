@@ -215,7 +215,15 @@ void Engine::on_closed(const SessionPtr& s, const std::string& why) {
   }
   log()->info("session {} ({}) closed: {}", s->id(), rank_name(rank), why);
   // An owner's replica session carries no step: its loss is the owner's, which its ranks see.
-  if (is_replica_session(*s)) return;
+  // A lost one is this server's buddy gone too (after a takeover it replicates to that owner):
+  // no replication waits for its connect timeout.
+  if (is_replica_session(*s)) {
+    if (why != "goodbye" && !stopping_ && routes_ &&
+        static_cast<int>(config_.pool_servers.size()) == routes_->servers()) {
+      replicator().mark_down(s->rank - s->world_size - transport::kMaxRelayServers);
+    }
+    return;
+  }
   if (rank >= 0 && why != "goodbye" && !stopping_) {
     lost_ranks_[rank] = rank_name(rank) + " (" + s->client_name + ") was lost (" + why + ")";
     tell_lost(s, lost_ranks_[rank]);
