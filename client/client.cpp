@@ -194,15 +194,26 @@ void Client::push_packed(const std::string& name, int64_t step, int64_t packed, 
                                           count, esize, transport::ChunkKind::gradient);
 }
 
+namespace {
+
+// A device push over host shared memory is staged through the host: `count` elements of
+// `esize` bytes copied from device memory (ordered after `stream`).
+std::vector<std::byte> staged_on_host(const void* device_data, int64_t count, size_t esize,
+                                      StreamHandle stream) {
+  std::vector<std::byte> host(static_cast<size_t>(std::max<int64_t>(count, 0)) * esize);
+  copy_device_to_host(host.data(), device_data, host.size(), stream);
+  return host;
+}
+
+}  // namespace
+
 void Client::push_device(const std::string& name, int64_t step, int64_t offset,
                          const void* device_data, int64_t count, StreamHandle stream) {
   const size_t esize = transport::dtype_bytes(registration(name).grad_dtype);
   Connection& c = owner(name);
   if (count > 0) require_device_memory(device_data, "push_device of '" + name + "'");
   if (c.data_plane() == transport::DataPlane::shm) {
-    // Host shared memory: stage through the host.
-    std::vector<std::byte> host(static_cast<size_t>(std::max<int64_t>(count, 0)) * esize);
-    copy_device_to_host(host.data(), device_data, host.size(), stream);
+    const auto host = staged_on_host(device_data, count, esize, stream);
     push(name, step, offset, host.data(), count);
     return;
   }
@@ -220,8 +231,7 @@ void Client::push_packed_device(const std::string& name, int64_t step, int64_t p
   Connection& c = owner(name);
   if (count > 0) require_device_memory(device_data, "push_device of '" + name + "'");
   if (c.data_plane() == transport::DataPlane::shm) {
-    std::vector<std::byte> host(static_cast<size_t>(std::max<int64_t>(count, 0)) * esize);
-    copy_device_to_host(host.data(), device_data, host.size(), stream);
+    const auto host = staged_on_host(device_data, count, esize, stream);
     push_packed(name, step, packed, host.data(), count);
     return;
   }

@@ -119,15 +119,17 @@ Engine::~Engine() {
   scheduler_.stop();
 }
 
+transport::DataPlane Engine::peer_plane() const {
+  return device_ ? transport::DataPlane::nccl : transport::DataPlane::shm;
+}
+
 Relay& Engine::relay() {
   if (!relay_) {
     RelayConfig rc;
     rc.pool = config_.pool_servers;
     rc.server_id = config_.server_id;
     rc.world_size = routes_->world_size();
-    // An owner on another host is reached over NCCL from a GPU server, else over shared memory
-    // (the same host; a CPU pool across hosts has no data plane between them).
-    rc.remote_plane = device_ ? transport::DataPlane::nccl : transport::DataPlane::shm;
+    rc.remote_plane = peer_plane();
     rc.auth_token = config_.auth_token;
     rc.op_timeout = std::max(config_.step_timeout * 4, std::chrono::milliseconds(120000));
     // Owners with a buddy fail over to it (replication on: the buddy holds their state).
@@ -150,7 +152,7 @@ Replicator& Engine::replicator() {
     rc.pool = config_.pool_servers;
     rc.server_id = config_.server_id;
     rc.world_size = routes_->world_size();
-    rc.remote_plane = device_ ? transport::DataPlane::nccl : transport::DataPlane::shm;
+    rc.remote_plane = peer_plane();
     rc.auth_token = config_.auth_token;
     rc.op_timeout = std::max(config_.step_timeout, std::chrono::milliseconds(10000));
     replicator_ = std::make_unique<Replicator>(

@@ -181,6 +181,10 @@ class Engine {
   std::unique_ptr<ParamStorage> make_storage(int64_t numel, bool momentum);
   /// The relay toward owners (made on first use).
   Relay& relay();
+  /// How this server reaches another server of the pool (relays to owners, replicas to
+  /// buddies): over NCCL from a GPU server, else over shared memory (the same host; a CPU pool
+  /// across hosts has no data plane between them).
+  transport::DataPlane peer_plane() const;
   /// Sends `n` fp32 momentum values (last applied step `last_step`) to `s` as state_fetch data.
   void send_momentum(const SessionPtr& s, const std::string& name, int64_t last_step,
                      const float* values, int64_t n);
