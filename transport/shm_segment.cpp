@@ -4,6 +4,9 @@
 #include <boost/interprocess/permissions.hpp>
 #include <boost/interprocess/shared_memory_object.hpp>
 
+#include <fcntl.h>
+
+#include <cerrno>
 #include <cstring>
 #include <random>
 
@@ -43,6 +46,26 @@ void check_layout(const SegmentLayout& l) {
   }
 }
 
+// Gives every page of the segment its memory now, through the file (tmpfs allocates zeroed
+// pages without faulting them into a mapping: about 4x cheaper than touching each page, 22 ms
+// for 64 MiB here against 75-215 ms for a memset). Without it the first copy into each page
+// pays the allocation (copies into fresh pages run ~20x slower than into warm ones), and a full
+// /dev/shm would surface as SIGBUS in whichever process first writes the page instead of as
+// this error.
+void reserve_pages(int fd, const std::string& name, uint64_t bytes) {
+  int rc;
+  do {
+    rc = ::fallocate(fd, 0, 0, static_cast<off_t>(bytes));
+  } while (rc != 0 && errno == EINTR);
+  if (rc == 0) return;
+  const int err = errno;
+  throw Error("cannot reserve " + std::to_string(bytes) + " bytes for shared-memory segment '" +
+              name + "': " + std::strerror(err) +
+              (err == ENOSPC ? " (/dev/shm is full: free it, or give the server fewer or smaller "
+                               "ring slots with --tx-slots/--rx-slots/--slot-kib)"
+                             : ""));
+}
+
 }  // namespace
 
 ShmSegment ShmSegment::create(const SegmentLayout& layout) {
@@ -56,6 +79,12 @@ ShmSegment ShmSegment::create(const SegmentLayout& layout) {
     try {
       bip::shared_memory_object shm(bip::create_only, impl->name.c_str(), bip::read_write, perm);
       shm.truncate(static_cast<bip::offset_t>(layout.total_bytes()));
+      try {
+        reserve_pages(shm.get_mapping_handle().handle, impl->name, layout.total_bytes());
+      } catch (...) {
+        remove(impl->name);
+        throw;
+      }
       impl->region = bip::mapped_region(shm, bip::read_write);
       break;
     } catch (const bip::interprocess_exception& e) {
@@ -65,7 +94,6 @@ ShmSegment ShmSegment::create(const SegmentLayout& layout) {
                   std::to_string(layout.total_bytes()) + " bytes: " + e.what());
     }
   }
-  std::memset(impl->region.get_address(), 0, impl->region.get_size());  // pre-fault every page
   return ShmSegment(std::move(impl));
 }
 

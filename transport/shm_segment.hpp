@@ -1,8 +1,9 @@
 // A POSIX shared-memory segment for one client session (Boost.Interprocess): the server creates
 // it under an unguessable name with mode 0600, the client maps it and unlinks the name, so no
 // other process can open it afterwards and the kernel reclaims it when both sides unmap (also
-// when either dies). Pages are touched once at creation: copies into fresh pages run ~20x slower
-// than into warm ones.
+// when either dies). Every page is allocated at creation (fallocate on the tmpfs file, no mapping
+// touched): copies into fresh pages run ~20x slower than into allocated ones, and a full
+// /dev/shm fails the creation with a clear error instead of a SIGBUS at the first copy.
 //
 // Layout: [tx ring: tx_slots x slot_bytes][rx ring: rx_slots x slot_bytes]
 //   tx: client -> server (gradient / momentum chunks); rx: server -> client (update chunks).
@@ -27,8 +28,9 @@ struct SegmentLayout {
 /// the segment name and errno text.
 class ShmSegment {
  public:
-  /// Server side: creates a new segment named "/muon-<32 random hex>" (mode 0600), sizes and maps
-  /// it, and pre-faults every page.
+  /// Server side: creates a new segment named "/muon-<32 random hex>" (mode 0600), sizes it,
+  /// allocates every page (fallocate) and maps it. Throws muon::Error naming the segment when
+  /// /dev/shm cannot hold it (ENOSPC), or on any other OS failure; no segment is left behind.
   static ShmSegment create(const SegmentLayout& layout);
   /// Client side: maps an existing segment read-write and unlinks its name.
   static ShmSegment open_and_unlink(const std::string& name, const SegmentLayout& layout);
