@@ -73,9 +73,7 @@ NsBatchMeasurement measure_batching(int width, int64_t m, int64_t n, Run&& run) 
 
 template <class Run>
 std::vector<NsMeasurement> measure_candidates(const std::vector<NsAlgorithm>& candidates,
-                                              int64_t m, int64_t n,
-                                              const std::vector<NsCoefficients>& coefficients,
-                                              Run&& run) {
+                                              int64_t m, int64_t n, Run&& run) {
   const std::vector<float> input = calibration_input(1, m, n);
   std::vector<float> x(input.size());
   std::vector<NsMeasurement> out;
@@ -189,7 +187,7 @@ Backend::Resolved Backend::resolved(const OrthogonalizeOptions& options, int64_t
       }
       return model;
     }
-    return measure_candidates(candidates, m, n, coefficients, [&](NsAlgorithm a, float* x) {
+    return measure_candidates(candidates, m, n, [&](NsAlgorithm a, float* x) {
       OrthogonalizeOptions run = o;
       run.algorithm = a;
       newton_schulz_batch(x, 1, m, n, coefficients, run);

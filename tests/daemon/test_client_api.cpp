@@ -37,8 +37,14 @@ TEST(ClientApi, BadRequestsNameTheParameterAndTheSessionLivesOn) {
   client::Connection conn(server.socket(), 0, 1, "api test", 5000ms, 20000ms);
   auto reg = one_param("w", {16, 24});
   const int64_t n = 16 * 24;
-  transport::RegisterParam m{reg.name,    reg.shape, reg.grad_dtype, reg.update_dtype,
-                             reg.options, reg.push,  reg.want};
+  transport::RegisterParam m;
+  m.name = reg.name;
+  m.shape = reg.shape;
+  m.grad_dtype = reg.grad_dtype;
+  m.update_dtype = reg.update_dtype;
+  m.options = reg.options;
+  m.push = reg.push;
+  m.want = reg.want;
   conn.wait_register(conn.send_register(m), "w");
   conn.expect_updates("w", reg.want, 4);
   Reference ref(reg);
@@ -426,8 +432,14 @@ TEST(ClientApi, RegistrationTimeoutSaysWhyTheMissingRankWasRefused) {
   client::Connection r0(server.socket(), 0, 2, "api test 0", 5000ms, 20000ms);
   client::Connection r1(server.socket(), 1, 2, "api test 1", 5000ms, 20000ms);
   auto reg = one_param("w", {16, 24});
-  transport::RegisterParam m{reg.name,    reg.shape, reg.grad_dtype, reg.update_dtype,
-                             reg.options, reg.push,  reg.want};
+  transport::RegisterParam m;
+  m.name = reg.name;
+  m.shape = reg.shape;
+  m.grad_dtype = reg.grad_dtype;
+  m.update_dtype = reg.update_dtype;
+  m.options = reg.options;
+  m.push = reg.push;
+  m.want = reg.want;
   auto other = m;
   other.shape = {24, 16};
   // Rank 0 registers [16, 24], rank 1 [24, 16], over two sockets: whichever registration the

@@ -1014,9 +1014,9 @@ TEST_F(SnapshotTest, AutoChoicesTravelWithTheSnapshotAndAreAdoptedOnRestore) {
   // the machine's table where that has none), so it runs the same algorithm as before.
   const std::vector<NsChoiceTable::Entry> choices = {
       {"cpu test-machine threads=2", "fp32 768x3072 steps=5 restart=2",
-       {NsAlgorithm::gram, "fastest within 3 %: plain 80 ms, syrk 65 ms, gram 50 ms"}},
+       {NsAlgorithm::gram, "fastest within 3 %: plain 80 ms, syrk 65 ms, gram 50 ms", false, ""}},
       {"cpu test-machine threads=2", "fp32 768x768 steps=5 restart=2",
-       {NsAlgorithm::syrk, "fastest within 3 %"}}};
+       {NsAlgorithm::syrk, "fastest within 3 %", false, ""}}};
   const auto p = path("state.safetensors");
   write_snapshot(p, sample_entries(), choices);
   std::vector<NsChoiceTable::Entry> back;
