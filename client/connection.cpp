@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "client/device_scope.hpp"
@@ -51,10 +50,7 @@ Connection::Connection(std::string endpoint, int rank, int world_size,
       socket_(io_),
       data_plane_(data_plane) {
   const transport::Endpoint where = transport::parse_endpoint(path_);
-  if (data_plane == transport::DataPlane::nccl && !NcclPlane::built()) {
-    throw BackendUnavailable("data plane nccl for muon-offloadd at '" + path_ +
-                             "': this client was built without NCCL");
-  }
+  require_plane_built(data_plane, path_);
   const auto address = transport::resolve(where, io_);
   const auto give_up = Clock::now() + connect_timeout;
   auto backoff = std::chrono::milliseconds(10);
@@ -89,29 +85,9 @@ Connection::Connection(std::string endpoint, int rank, int world_size,
                             " (a server that predates the choice of data plane?)",
                         ErrorCode::unsupported, "", -1, -1);
     }
-    std::unique_ptr<DeviceRings> rings;
-    std::unique_ptr<NcclPlane> nccl;
-    if (data_plane == transport::DataPlane::cuda_ipc) {
-      if (!ok.tx_ring || !ok.rx_ring) {
-        throw ServerError("muon-offloadd at '" + path_ +
-                              "' agreed to data plane cuda_ipc but sent no device rings",
-                          ErrorCode::bad_reply, "", -1, -1);
-      }
-      rings = std::make_unique<DeviceRings>(*ok.tx_ring, *ok.rx_ring);
-    } else if (data_plane == transport::DataPlane::nccl) {
-      if (!ok.nccl_tx_id || !ok.nccl_rx_id) {
-        throw ServerError(
-            "muon-offloadd at '" + path_ + "' agreed to data plane nccl but sent no NCCL ids",
-            ErrorCode::bad_reply, "", -1, -1);
-      }
-      nccl = std::make_unique<NcclPlane>(*ok.nccl_tx_id, *ok.nccl_rx_id, ok.slot_bytes, op_timeout);
-    } else {
-      transport::SegmentLayout layout{ok.tx_slots, ok.rx_slots, ok.slot_bytes};
-      segment_.emplace(transport::ShmSegment::open_and_unlink(ok.shm_name, layout));
-    }
+    auto plane = make_client_plane(ok, path_, op_timeout);
     std::lock_guard lk(mu_);
-    rings_ = std::move(rings);
-    nccl_ = std::move(nccl);
+    plane_ = std::move(plane);
     slot_bytes_ = ok.slot_bytes;
     crash_note_ = crash_note(ok);
     tx_busy_.assign(ok.tx_slots, false);
@@ -125,14 +101,15 @@ Connection::Connection(std::string endpoint, int rank, int world_size,
 
 Connection::~Connection() {
   {
-    // The device plane goes before the goodbye: the server frees the exported rings once the
-    // session closes, and CUDA leaves freeing memory another process still maps undefined. The
-    // reader uses the plane under mu_ and ignores data-plane frames once closing_ is set.
+    // A plane that maps the server's memory (cuda_ipc) goes before the goodbye: the server frees
+    // the exported rings once the session closes, and CUDA leaves freeing memory another process
+    // still maps undefined. The reader uses the plane under mu_ and ignores data-plane frames
+    // once closing_ is set.
     std::lock_guard lk(mu_);
     closing_ = true;
-    if (rings_) {
-      params_.clear();  // device holding buffers (each waits for its pending copies)
-      rings_.reset();   // waits for its streams and copies, unmaps the rings
+    if (plane_->maps_server_memory()) {
+      params_.clear();  // the holds (each waits for its pending copies)
+      plane_.reset();   // waits for its streams and copies, unmaps the rings
     }
   }
   bool said_goodbye = false;
@@ -147,17 +124,12 @@ Connection::~Connection() {
   socket_.shutdown(asio::socket_base::shutdown_both, ignored);
   if (reader_.joinable()) reader_.join();
   socket_.close(ignored);
-  // nccl: the communicators are the client's own memory; finalized once the reader is gone. A
-  // server that is gone (the connection was lost, or the goodbye did not go out) never finishes
-  // the transfers queued on the plane's streams: abort them now, and otherwise wait for them with
-  // a deadline, before the holding buffers (whose events follow those transfers) wait for theirs
-  // (gpu-review F6).
-  if (nccl_) {
-    if (!said_goodbye) nccl_->abort();
-    nccl_->synchronize();
-  }
+  // Any other plane is the client's own memory (nccl: its communicators); it goes once the
+  // reader is gone, its transfers ended first (aborted when the server is gone: the connection
+  // was lost, or the goodbye did not go out) and only then the holds.
+  if (plane_) plane_->finish(!said_goodbye);
   params_.clear();
-  nccl_.reset();
+  plane_.reset();
 }
 
 std::string Connection::lost_reason() {
@@ -187,9 +159,9 @@ void Connection::lose(const std::string& why) {
   {
     std::lock_guard lk(mu_);
     if (lost_.empty()) lost_ = why;
-    // NCCL transfers queued for a server that is gone would spin on their streams (the
-    // trainer's among them) forever: abort them.
-    if (nccl_) nccl_->abort();
+    // Transfers queued for a server that is gone would spin on their streams (the trainer's
+    // among them) forever: abort them (nccl).
+    if (plane_) plane_->abort();
     cv_.notify_all();
   }
   boost::system::error_code ignored;
@@ -197,16 +169,7 @@ void Connection::lose(const std::string& why) {
 }
 
 StreamHandle Connection::push_stream() const {
-  if (rings_) return rings_->push_stream();
-  return nccl_ ? nccl_->push_stream() : nullptr;
-}
-
-StreamHandle Connection::reader_stream() const {
-  return rings_ ? rings_->reader_stream() : nccl_->reader_stream();
-}
-
-int Connection::plane_device() const {
-  return rings_ ? rings_->device() : nccl_->device();
+  return plane_->push_stream();
 }
 
 void Connection::send_frame(MessageType type, const std::string& payload, uint32_t id) {
@@ -311,49 +274,24 @@ void Connection::expect_updates(const std::string& name, std::vector<transport::
     p.want_elems += r.size();
   }
   p.elem_bytes = elem_bytes;
-  if (!on_device())
-    p.receiving.assign(static_cast<size_t>(p.want_elems) * elem_bytes, std::byte{0});
   p.receiving_step = -1;
   p.complete.clear();
+  p.receiving.reset();  // the reader makes holds of the new size
   p.spare.clear();
-  p.receiving_dev.reset();  // the reader allocates holding buffers of the new size
-  p.spare_dev.clear();
 }
 
-namespace {
-
-// The element type of data-plane bytes from their size (momentum always travels as fp32).
-transport::DType dtype_of(size_t elem_bytes) {
-  return elem_bytes == 2 ? transport::DType::bf16 : transport::DType::f32;
+SendChunks Connection::chunker(const std::string& name, int64_t step, int64_t offset,
+                               int64_t count, size_t elem_bytes, transport::ChunkKind kind) {
+  return [=, this](const ChunkMoves& moves) {
+    return push_chunks(name, step, offset, count, elem_bytes, kind, moves);
+  };
 }
 
-}  // namespace
-
-int64_t Connection::push(const std::string& name, int64_t step, int64_t offset, const std::byte* data,
-                      int64_t count, size_t elem_bytes, transport::ChunkKind kind) {
-  if (rings_) {
-    const int64_t frames =
-        push_chunks(name, step, offset, count, elem_bytes, kind,
-                    [&](uint32_t slot, int64_t first, int64_t n) {
-                      rings_->copy_in_host(slot, data + first * elem_bytes,
-                                           static_cast<size_t>(n) * elem_bytes);
-                    });
-    rings_->sync_host_pushes();  // the caller may reuse `data` once this returns
-    return frames;
-  }
-  if (nccl_) {
-    DeviceScope scope(nccl_->device());
-    return push_chunks(
-        name, step, offset, count, elem_bytes, kind, [](uint32_t, int64_t, int64_t) {},
-        [&](int64_t first, int64_t n) {
-          nccl_->send_host(data + first * elem_bytes, static_cast<size_t>(n), dtype_of(elem_bytes));
-        });
-  }
-  return push_chunks(name, step, offset, count, elem_bytes, kind,
-              [&](uint32_t slot, int64_t first, int64_t n) {
-                std::memcpy(segment_->tx_slot(slot), data + first * elem_bytes,
-                            static_cast<size_t>(n) * elem_bytes);
-              });
+int64_t Connection::push(const std::string& name, int64_t step, int64_t offset,
+                         const std::byte* data, int64_t count, size_t elem_bytes,
+                         transport::ChunkKind kind) {
+  return plane_->push_host(data, elem_bytes,
+                           chunker(name, step, offset, count, elem_bytes, kind));
 }
 
 int64_t Connection::push_device(const std::string& name, int64_t step, int64_t offset,
@@ -364,28 +302,16 @@ int64_t Connection::push_device(const std::string& name, int64_t step, int64_t o
                           "': the session's data plane is shm, not cuda_ipc or nccl");
   }
   // Imported events and NCCL calls work on the plane's device; the caller's device comes back.
-  DeviceScope scope(plane_device());
-  require_stream_on_device(stream, plane_device(), scope.previous(),
+  DeviceScope scope(plane_->device());
+  require_stream_on_device(stream, plane_->device(), scope.previous(),
                            "push_device of '" + name + "' to '" + path_ + "'");
-  if (rings_) {
-    return push_chunks(name, step, offset, count, elem_bytes, kind,
-                [&](uint32_t slot, int64_t first, int64_t n) {
-                  rings_->copy_in(slot, device_data + first * elem_bytes,
-                                  static_cast<size_t>(n) * elem_bytes, stream);
-                });
-  }
-  return push_chunks(
-      name, step, offset, count, elem_bytes, kind, [](uint32_t, int64_t, int64_t) {},
-      [&](int64_t first, int64_t n) {
-        nccl_->send(device_data + first * elem_bytes, static_cast<size_t>(n), dtype_of(elem_bytes),
-                    stream);
-      });
+  return plane_->push_device(device_data, elem_bytes, stream,
+                             chunker(name, step, offset, count, elem_bytes, kind));
 }
 
-int64_t Connection::push_chunks(const std::string& name, int64_t step, int64_t offset, int64_t count,
-                             size_t elem_bytes, transport::ChunkKind kind,
-                             const std::function<void(uint32_t, int64_t, int64_t)>& copy,
-                             const std::function<void(int64_t, int64_t)>& send) {
+int64_t Connection::push_chunks(const std::string& name, int64_t step, int64_t offset,
+                                int64_t count, size_t elem_bytes, transport::ChunkKind kind,
+                                const ChunkMoves& moves) {
   const int64_t per_slot = static_cast<int64_t>(slot_bytes_ / elem_bytes);
   const uint32_t attempt = attempt_of(name, step);
   int64_t frames = 0;
@@ -408,7 +334,7 @@ int64_t Connection::push_chunks(const std::string& name, int64_t step, int64_t o
       tx_busy_[slot] = true;
     }
     try {
-      copy(slot, done, n);
+      if (moves.into_slot) moves.into_slot(slot, done, n);
     } catch (...) {
       std::lock_guard lk(mu_);
       tx_busy_[slot] = false;  // nothing announced: the credit is still ours
@@ -416,16 +342,17 @@ int64_t Connection::push_chunks(const std::string& name, int64_t step, int64_t o
       throw;
     }
     transport::Push m{name, step, offset + done, n, slot, kind, attempt};
-    if (send) {
+    if (moves.after_frame) {
       // The server posts its ncclRecv when it reads the frame, so the send follows the frame
       // (NCCL connects a pair lazily, on the first transfer both sides have posted) and the
       // sends of several pushing threads go in the frames' order.
-      std::lock_guard order(nccl_tx_mu_);
+      std::lock_guard order(after_frame_mu_);
       send_frame(MessageType::push, transport::encode(m));
       try {
-        send(done, n);
+        moves.after_frame(done, n);
       } catch (const Error& e) {
-        lose(std::string("the nccl data plane failed: ") + e.what());
+        lose(std::string("the ") + transport::data_plane_name(data_plane_) +
+             " data plane failed: " + e.what());
         throw;
       }
     } else {
@@ -465,13 +392,7 @@ bool Connection::update_ready(const std::string& name, int64_t step) {
 }
 
 bool Connection::wait_update(const std::string& name, int64_t step, std::byte* dst) {
-  return take_update(name, step, [&](ParamRx::Complete& c) {
-    if (c.dev) {
-      c.dev->copy_to_host(dst);
-    } else {
-      std::memcpy(dst, c.values.data(), c.values.size());
-    }
-  });
+  return take_update(name, step, [&](ParamRx::Complete& c) { c.values->copy_to_host(dst); });
 }
 
 bool Connection::wait_update_device(const std::string& name, int64_t step, std::byte* device_dst,
@@ -483,11 +404,11 @@ bool Connection::wait_update_device(const std::string& name, int64_t step, std::
   // As push_device: the holding buffer's events belong to the plane's device, and a null stream
   // means the legacy stream of the device current at the call (gpu-review F5). Checked before
   // anything is taken: a failure leaves the update held.
-  DeviceScope scope(plane_device());
-  require_stream_on_device(stream, plane_device(), scope.previous(),
+  DeviceScope scope(plane_->device());
+  require_stream_on_device(stream, plane_->device(), scope.previous(),
                            "wait_update_device of '" + name + "' from '" + path_ + "'");
   return take_update(name, step,
-                     [&](ParamRx::Complete& c) { c.dev->copy_to_device(device_dst, stream); });
+                     [&](ParamRx::Complete& c) { c.values->copy_to_device(device_dst, stream); });
 }
 
 bool Connection::take_update(const std::string& name, int64_t step,
@@ -523,11 +444,7 @@ bool Connection::take_update(const std::string& name, int64_t step,
     const bool applied = c->second.applied;
     // This step and every earlier one are done with: recycle their buffers.
     for (auto d = p.complete.begin(); d != p.complete.end() && d->first <= step;) {
-      if (d->second.dev) {
-        p.spare_dev.push_back(std::move(d->second.dev));
-      } else {
-        p.spare.push_back(std::move(d->second.values));
-      }
+      p.spare.push_back(std::move(d->second.values));
       d = p.complete.erase(d);
     }
     return applied;
@@ -619,7 +536,7 @@ void Connection::reader_loop() {
     {
       std::lock_guard lk(mu_);
       if (lost_.empty()) lost_ = why;
-      if (nccl_ && !closing_) nccl_->abort();  // the server is gone (see lose())
+      if (plane_ && !closing_) plane_->abort();  // the server is gone (see lose())
       cv_.notify_all();
       if (!closing_ && !abandoned_) on_lost = error_callback_;
       reason = lost_;
@@ -695,30 +612,16 @@ void Connection::handle_update(const transport::Update& u) {
   bool complete = false;
   {
     std::lock_guard lk(mu_);
-    if (closing_) return;  // the device plane is gone; the session is about to be
-    if (rings_) rings_->enter_reader_thread();
-    if (nccl_) nccl_->enter_reader_thread();
+    // The plane is gone (or not there yet); the session is about to be.
+    if (closing_ || !plane_) return;
+    plane_->enter_reader_thread();
     auto& p = params_[u.name];
     if (u.kind == transport::ChunkKind::momentum) {
       const bool inside =
           u.offset >= 0 && u.offset + u.count <= static_cast<int64_t>(p.momentum.size());
-      const size_t bytes = static_cast<size_t>(u.count) * 4;
-      if (nccl_) {  // the server sent it: a matching receive is posted whatever happens to it
-        if (inside) {
-          nccl_->recv_to_host(p.momentum.data() + u.offset, static_cast<size_t>(u.count),
-                              transport::DType::f32);
-        } else {
-          nccl_->discard(static_cast<size_t>(u.count), transport::DType::f32);
-        }
-      } else if (rings_) {
-        if (inside) {
-          rings_->copy_out_to_host(u.slot, p.momentum.data() + u.offset, bytes);
-        } else {
-          rings_->release(u.slot);
-        }
-      } else if (inside) {
-        std::memcpy(p.momentum.data() + u.offset, segment_->rx_slot(u.slot), bytes);
-      }
+      // Received whatever happens to it (nccl: the server sent it, a matching receive is due).
+      plane_->receive_to_host(u.slot, inside ? p.momentum.data() + u.offset : nullptr, u.count,
+                              sizeof(float));
       if (u.last) {
         p.momentum_ready = true;
         p.momentum_step = u.step;
@@ -728,19 +631,16 @@ void Connection::handle_update(const transport::Update& u) {
         p.receiving_step = u.step;
         p.received = 0;
         p.receiving_applied = true;
-        if (on_device()) {
-          if (!p.receiving_dev) {
-            if (!p.spare_dev.empty()) {
-              p.receiving_dev = std::move(p.spare_dev.back());
-              p.spare_dev.pop_back();
-            } else {
-              p.receiving_dev =
-                  std::make_unique<DeviceHold>(static_cast<size_t>(p.want_elems) * p.elem_bytes);
-            }
+        if (!p.receiving) {
+          if (!p.spare.empty()) {
+            p.receiving = std::move(p.spare.back());
+            p.spare.pop_back();
+          } else {
+            p.receiving = plane_->make_hold(static_cast<size_t>(p.want_elems) * p.elem_bytes);
           }
-          // A recycled buffer may still be read by a consumer's stream.
-          p.receiving_dev->begin_fill(reader_stream());
         }
+        // A recycled hold may still be read by a consumer's stream.
+        p.receiving->begin_fill(plane_->reader_stream());
       }
       // Find the want range holding the chunk; its packed position follows.
       bool in_want = false;
@@ -767,27 +667,13 @@ void Connection::handle_update(const transport::Update& u) {
         // Hand the step over and start the next one in a recycled (warm) buffer.
         auto& done = p.complete[u.step];
         done.applied = p.receiving_applied;
-        if (on_device()) {
-          p.receiving_dev->end_fill(reader_stream());
-          done.dev = std::move(p.receiving_dev);  // the next step takes a spare or a new one
-        } else {
-          const size_t bytes = p.receiving.size();
-          std::swap(done.values, p.receiving);
-          if (!p.spare.empty()) {
-            p.receiving = std::move(p.spare.back());
-            p.spare.pop_back();
-          }
-          p.receiving.resize(bytes);
-        }
+        p.receiving->end_fill(plane_->reader_stream());
+        done.values = std::move(p.receiving);  // the next step takes a spare or a new one
         p.receiving_step = -1;
         while (p.complete.size() > kMaxHeldUpdates) {
           auto& oldest = p.complete.begin()->second;
           p.dropped_through = std::max(p.dropped_through, p.complete.begin()->first);
-          if (oldest.dev) {
-            p.spare_dev.push_back(std::move(oldest.dev));
-          } else {
-            p.spare.push_back(std::move(oldest.values));
-          }
+          p.spare.push_back(std::move(oldest.values));
           p.complete.erase(p.complete.begin());
         }
         complete = true;
@@ -807,24 +693,9 @@ void Connection::handle_update(const transport::Update& u) {
 }
 
 void Connection::receive_chunk(ParamRx& p, const transport::Update& u, bool in_want, int64_t pos) {
-  const size_t bytes = static_cast<size_t>(u.count) * p.elem_bytes;
   const size_t at = static_cast<size_t>(pos) * p.elem_bytes;
-  if (nccl_) {  // posted in frame order (this one reader thread), as the server sent them
-    if (in_want) {
-      nccl_->recv(static_cast<std::byte*>(p.receiving_dev->data()) + at,
-                  static_cast<size_t>(u.count), dtype_of(p.elem_bytes));
-    } else {
-      nccl_->discard(static_cast<size_t>(u.count), dtype_of(p.elem_bytes));
-    }
-  } else if (rings_) {
-    if (in_want) {
-      rings_->copy_out(u.slot, static_cast<std::byte*>(p.receiving_dev->data()) + at, bytes);
-    } else {
-      rings_->release(u.slot);
-    }
-  } else if (in_want) {
-    std::memcpy(p.receiving.data() + at, segment_->rx_slot(u.slot), bytes);
-  }
+  plane_->receive(u.slot, in_want ? static_cast<std::byte*>(p.receiving->data()) + at : nullptr,
+                  u.count, p.elem_bytes);
 }
 
 }  // namespace muon::client

@@ -19,13 +19,10 @@
 #include <vector>
 
 #include "client/client_error.hpp"
-#include "client/device_hold.hpp"
-#include "client/device_rings.hpp"
-#include "client/nccl_plane.hpp"
+#include "client/plane.hpp"
 #include "kernels/device_stream.hpp"
 #include "transport/frame.hpp"
 #include "transport/messages.hpp"
-#include "transport/shm_segment.hpp"
 
 namespace muon::client {
 
@@ -173,9 +170,9 @@ class Connection {
     int64_t want_elems = 0;
     bool packed = false;  // update offsets are packed positions (expect_updates)
     size_t elem_bytes = 4;
-    // The step being received: chunks land in `receiving` until the step's last one.
-    std::vector<std::byte> receiving;           // shm
-    std::unique_ptr<DeviceHold> receiving_dev;  // cuda_ipc, nccl (allocated by the reader)
+    // The step being received: chunks land in `receiving` (a hold of the plane, made by the
+    // reader) until the step's last one.
+    std::unique_ptr<UpdateHold> receiving;
     int64_t receiving_step = -1;
     int64_t received = 0;
     bool receiving_applied = true;
@@ -184,14 +181,12 @@ class Connection {
     // asks for an earlier one, so each complete step is kept until it is taken (or superseded:
     // wait_update(s) drops every step below s; at most kMaxHeldUpdates are kept).
     struct Complete {
-      std::vector<std::byte> values;    // shm
-      std::unique_ptr<DeviceHold> dev;  // cuda_ipc, nccl
+      std::unique_ptr<UpdateHold> values;
       bool applied = true;
     };
     std::map<int64_t, Complete> complete;
     int64_t dropped_through = -1;  // steps <= this were dropped unread (kMaxHeldUpdates)
-    std::vector<std::vector<std::byte>> spare;           // recycled buffers (warm pages)
-    std::vector<std::unique_ptr<DeviceHold>> spare_dev;  // recycled device holding buffers
+    std::vector<std::unique_ptr<UpdateHold>> spare;  // recycled holds (warm pages)
     // Retries: once wait_update has reported an error for step `retry_step`, later pushes and
     // commits of that step carry attempt `retry_attempt`, so that the server discards whatever
     // of the failed try was still in flight (transport::Push::attempt).
@@ -217,22 +212,19 @@ class Connection {
   void handle_update(const transport::Update& u);
   /// handle_update's copy out of the rx slot (shm or device ring). Runs under mu_.
   void receive_chunk(ParamRx& p, const transport::Update& u, bool in_want, int64_t pos);
-  /// Takes credits for ceil(count / per-slot) tx slots one by one, calls copy(slot, first
-  /// element, elements) for each, and sends its push frame. A copy that throws gives its slot
-  /// back (nothing was announced).
-  /// `send` (nccl), when given, is called the same way right after the chunk's push frame, both
-  /// under nccl_tx_mu_ so that NCCL sends follow the frames' order; one that throws loses the
-  /// connection (the server already expects the bytes).
+  /// Takes credits for ceil(count / per-slot) tx slots one by one, calls
+  /// moves.into_slot(slot, first element, elements) for each, and sends its push frame. An
+  /// into_slot that throws gives its slot back (nothing was announced).
+  /// moves.after_frame (nccl), when given, is called the same way right after the chunk's push
+  /// frame, both under after_frame_mu_ so that out-of-band sends follow the frames' order; one
+  /// that throws loses the connection (the server already expects the bytes).
   int64_t push_chunks(const std::string& name, int64_t step, int64_t offset, int64_t count,
-                   size_t elem_bytes, transport::ChunkKind kind,
-                   const std::function<void(uint32_t, int64_t, int64_t)>& copy,
-                   const std::function<void(int64_t, int64_t)>& send = {});
-  /// True on a device data plane (cuda_ipc or nccl): updates are held in DeviceHold buffers.
-  bool on_device() const { return rings_ || nccl_; }
-  /// The stream the reader fills holding buffers on (device planes only).
-  StreamHandle reader_stream() const;
-  /// The CUDA device of the rings or communicators (device planes only).
-  int plane_device() const;
+                      size_t elem_bytes, transport::ChunkKind kind, const ChunkMoves& moves);
+  /// The ChunkMoves -> push frames of one push, for the plane's push_host / push_device.
+  SendChunks chunker(const std::string& name, int64_t step, int64_t offset, int64_t count,
+                     size_t elem_bytes, transport::ChunkKind kind);
+  /// True on a device data plane (cuda_ipc or nccl): updates are held in device memory.
+  bool on_device() const { return plane_->on_device(); }
   /// Marks the connection lost with `why` and shuts the socket down (the reader then exits).
   void lose(const std::string& why);
   /// Waits for the update of (name, step) like wait_update, hands it to `take` under mu_, then
@@ -252,12 +244,12 @@ class Connection {
   boost::asio::generic::stream_protocol::socket socket_;
   transport::DataPlane data_plane_ = transport::DataPlane::shm;
   uint64_t slot_bytes_ = 0;
-  std::optional<transport::ShmSegment> segment_;  // shm
-  std::unique_ptr<DeviceRings> rings_;            // cuda_ipc
-  std::unique_ptr<NcclPlane> nccl_;               // nccl
-  std::mutex nccl_tx_mu_;  // push frames and their NCCL sends, in one order (nccl)
+  /// The session's data plane (plane.hpp); set once the hello is answered, gone in the
+  /// destructor (before the goodbye when it maps the server's memory).
+  std::unique_ptr<ClientPlane> plane_;
+  std::mutex after_frame_mu_;  // push frames and their out-of-band sends, in one order (nccl)
   std::mutex write_mu_;
-  bool closing_ = false;    // under mu_: the destructor tore the device plane down
+  bool closing_ = false;    // under mu_: the destructor is tearing the data plane down
   bool abandoned_ = false;  // under mu_: abandon() was called
   std::mutex mu_;
   std::condition_variable cv_;

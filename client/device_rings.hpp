@@ -1,8 +1,7 @@
 // The device data plane of one cuda_ipc session, as the client sees it: the server's two exported
 // device rings (transport::RemoteRing), opened once per process through one IPC handle cache, and
 // the client's own streams for them. Plain C++ header (no CUDA types); the implementation is
-// device_rings.cpp in CUDA builds and device_unavailable.cpp (every call throws
-// BackendUnavailable) otherwise.
+// device_rings.cpp, compiled in CUDA builds only, as is its one user, plane_cuda_ipc.cpp.
 #pragma once
 
 #include <cstddef>
@@ -25,8 +24,8 @@ class DeviceRings {
   /// trainer pushes from and receives into current (cudaSetDevice is the caller's business);
   /// every later call of this object works on that device. The process' IPC handle cache is
   /// shared by every connection (a mapping costs up to hundreds of ms; made once per handle).
-  /// Throws BackendUnavailable (built without CUDA), DeviceError (no usable GPU, CUDA refuses
-  /// a handle), InvalidArgument (an inconsistent descriptor).
+  /// Throws DeviceError (no usable GPU, CUDA refuses a handle), InvalidArgument (an inconsistent
+  /// descriptor).
   DeviceRings(const transport::DeviceRingDescriptor& tx, const transport::DeviceRingDescriptor& rx);
   /// Waits for the reader and push streams and for every copy_in so far, destroys the rings'
   /// events, and unmaps each ring's allocation once no other DeviceRings of this process uses it

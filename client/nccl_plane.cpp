@@ -60,10 +60,6 @@ struct NcclPlane::Impl {
   transport::NcclComm tx, rx;  // declared last: finalized before the streams and buffers go
 };
 
-bool NcclPlane::built() {
-  return true;
-}
-
 NcclPlane::NcclPlane(const transport::NcclIdBytes& tx_id, const transport::NcclIdBytes& rx_id,
                      uint64_t slot_bytes, std::chrono::milliseconds timeout)
     : impl_(std::make_unique<Impl>(tx_id, rx_id, slot_bytes, timeout)) {

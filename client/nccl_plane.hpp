@@ -4,7 +4,8 @@
 // the tx communicator after their push frame; updates come back with ncclRecv on the rx
 // communicator, posted by the reader thread when their update frame arrives (the server posts
 // the matching calls in frame order). Plain C++ header (no CUDA or NCCL types); the
-// implementation is nccl_plane.cpp in builds with NCCL and nccl_unavailable.cpp otherwise.
+// implementation is nccl_plane.cpp, compiled in builds with NCCL only (plane_nccl.cpp, its one
+// user, too; nccl_unavailable.cpp stands in for both elsewhere).
 #pragma once
 
 #include <chrono>
@@ -19,9 +20,6 @@ namespace muon::client {
 
 class NcclPlane {
  public:
-  /// True when this client library was built with NCCL (the plane can work).
-  static bool built();
-
   /// Joins the tx communicator, then the rx one, as rank 1 of 2 on the current CUDA device,
   /// waiting up to `timeout` for each (the server joins both on a thread of its own); allocates
   /// two staging buffers of `slot_bytes` (device memory). Throws BackendUnavailable (built

@@ -13,7 +13,7 @@
 #include <cstdlib>
 #include <optional>
 
-#include "client/nccl_plane.hpp"
+#include "client/plane.hpp"
 #include "client_fixtures.hpp"
 #include "cuda_ok.hpp"
 
@@ -109,7 +109,7 @@ TEST(NcclPlane, DeviceAndHostPushesAndUpdatesBitwiseAsShm) {
     GTEST_SKIP() << "CUDA unavailable: " << cudaGetErrorString(e);
   }
   if (n == 0) GTEST_SKIP() << "no CUDA device";
-  if (!client::NcclPlane::built()) GTEST_SKIP() << "this client was built without NCCL";
+  if (!client::nccl_plane_built()) GTEST_SKIP() << "this client was built without NCCL";
   const int server_device = n >= 2 ? 1 : 0;
   std::string skip;
   const auto shm = run(transport::DataPlane::shm, server_device, &skip);
