@@ -61,6 +61,18 @@ void mirror_upper(float* s, int64_t m) {
   }
 }
 
+// dst's upper triangle (diagonal included) = src's, row-major m x m: what ssyrk reads of its C
+// (half the bytes of a full copy).
+void copy_upper(const float* src, float* dst, int64_t m) {
+  for (int64_t i = 0; i < m; ++i) {
+    std::memcpy(dst + i * m + i, src + i * m + i, sizeof(float) * static_cast<size_t>(m - i));
+  }
+}
+
+// Of x (the result) and the workspace's x2 (the two buffers X alternates between), the one
+// `cur` is not.
+float* other_of(const float* cur, float* x, float* x2) { return cur == x ? x2 : x; }
+
 void grow(std::vector<float>& v, int64_t n) {
   if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
 }
@@ -162,70 +174,114 @@ void CpuBackend::newton_schulz_side_by_side(float* x, int64_t count, int64_t row
 }
 
 // One matrix of a batch: normalized per options.eps_mode (torch_bf16: as torch does it in bf16),
-// then the algorithm's steps.
+// then the algorithm's steps. The products write X alternately into xi and the workspace; the
+// normalized X starts in the workspace when they write it an odd number of times, so the result
+// lands in xi without a copy back (the same arithmetic either way: the same bits).
 void CpuBackend::one_matrix(Workspace& w, float* xi, int64_t rows, int64_t cols,
                             const std::vector<NsCoefficients>& coefficients,
                             const OrthogonalizeOptions& options) {
   const int64_t size = rows * cols;
+  grow(w.x2, size);
   if (options.precision == Precision::torch_bf16) {  // validate(): algorithm plain
     narrow_to_bf16(xi, size);  // grad.to(torch.bfloat16)
     const float denom = torch_bf16_divisor(xi, size, options.eps, options.eps_mode);
     if (denom == 0.0f) return;  // exact zeros stay zeros
-    for (int64_t j = 0; j < size; ++j) xi[j] = round_to_bf16(xi[j] / denom);  // bf16 div_
-    plain_or_syrk(w, xi, rows, cols, coefficients, false, true);
+    float* start = coefficients.size() % 2 == 1 ? w.x2.data() : xi;
+    for (int64_t j = 0; j < size; ++j) start[j] = round_to_bf16(xi[j] / denom);  // bf16 div_
+    plain(w, start, xi, rows, cols, coefficients, true);
     return;
   }
   const double denom =
       normalization_divisor(frobenius_norm(xi, size), options.eps, options.eps_mode);
   if (denom == 0.0) return;  // exact zeros in, exact zeros out (never 0/0)
+  const NsAlgorithm algo = options.algorithm;
+  const size_t writes =
+      algo == NsAlgorithm::gram ? gram_runs(coefficients.size(), options.gram_restart)
+                                : coefficients.size();
+  float* start = writes % 2 == 1 ? w.x2.data() : xi;
   // In double, rounded once: bitwise the float division for a float divisor, and no overflow
   // of a norm beyond float's range in scale_invariant mode.
-  for (int64_t j = 0; j < size; ++j) xi[j] = static_cast<float>(xi[j] / denom);
-  const NsAlgorithm algo = options.algorithm;
-  if (algo == NsAlgorithm::gram) {
-    gram(w, xi, rows, cols, coefficients, options.gram_restart);
-  } else {
-    plain_or_syrk(w, xi, rows, cols, coefficients, algo == NsAlgorithm::syrk, false);
+  for (int64_t j = 0; j < size; ++j) start[j] = static_cast<float>(xi[j] / denom);
+  switch (algo) {
+    case NsAlgorithm::gram:
+      gram(w, start, xi, rows, cols, coefficients, options.gram_restart);
+      break;
+    case NsAlgorithm::syrk:
+      syrk(w, start, xi, rows, cols, coefficients);
+      break;
+    case NsAlgorithm::plain:
+    case NsAlgorithm::automatic:  // check_cpu_options refused it
+      plain(w, start, xi, rows, cols, coefficients, false);
+      break;
   }
 }
 
 // Per step, X wide m x n row-major:  A = X X^T;  B = b A + c A A;  X <- a X + B X.
-// syrk: A = X X^T and A A = A A^T (A is symmetric) by ssyrk on the upper triangle.
 // narrow: each product's fp32 result rounded to bf16 (torch's bf16 matmul and addmm).
-void CpuBackend::plain_or_syrk(Workspace& w, float* x, int64_t m, int64_t n,
-                               const std::vector<NsCoefficients>& coeffs, bool syrk,
-                               bool narrow) {
+// Starts from `in` (x or w.x2); the result ends in x.
+void CpuBackend::plain(Workspace& w, float* in, float* x, int64_t m, int64_t n,
+                       const std::vector<NsCoefficients>& coeffs, bool narrow) {
   grow(w.a, m * m);
   grow(w.b, m * m);
-  grow(w.x2, m * n);
   float* A = w.a.data();
   float* B = w.b.data();
-  float* cur = x;
-  float* next = w.x2.data();
+  float* cur = in;
   const int M = static_cast<int>(m), N = static_cast<int>(n);
   for (const auto& k : coeffs) {
     const float a = static_cast<float>(k.a), b = static_cast<float>(k.b),
                 c = static_cast<float>(k.c);
-    if (syrk) {
-      cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, M, N, 1.0f, cur, N, 0.0f, A, M);
-      mirror_upper(A, m);
-      std::memcpy(B, A, sizeof(float) * m * m);
-      cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, M, M, c, A, M, b, B, M);
-      mirror_upper(B, m);
-    } else {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, M, N, 1.0f, cur, N, cur, N, 0.0f, A,
-                  M);
-      if (narrow) narrow_to_bf16(A, m * m);
-      std::memcpy(B, A, sizeof(float) * m * m);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, M, M, c, A, M, A, M, b, B, M);
-      if (narrow) narrow_to_bf16(B, m * m);
-    }
+    float* next = other_of(cur, x, w.x2.data());
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, M, N, 1.0f, cur, N, cur, N, 0.0f, A,
+                M);
+    if (narrow) narrow_to_bf16(A, m * m);
+    std::memcpy(B, A, sizeof(float) * m * m);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, M, M, c, A, M, A, M, b, B, M);
+    if (narrow) narrow_to_bf16(B, m * m);
     std::memcpy(next, cur, sizeof(float) * m * n);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, M, 1.0f, B, M, cur, N, a, next, N);
     if (narrow) narrow_to_bf16(next, m * n);
-    std::swap(cur, next);
+    cur = next;
   }
   if (cur != x) std::memcpy(x, cur, sizeof(float) * m * n);
+}
+
+// The same polynomial with the symmetric products (A and B are symmetric), per step:
+//   A = X X^T             ssyrk, upper triangle (half of sgemm's flops), mirrored: the next
+//                         product reads all of A
+//   B = a I + b A + c A A  one ssyrk on the upper triangle (C preloaded with A's upper triangle,
+//                         beta = b, alpha = c), then a added on the diagonal
+//   X <- B X              ssymm reading B's upper triangle
+// so X is not copied for the axpy (a X is folded into B) and B is never mirrored: besides the
+// products, a step makes two passes over the m x m triangle (mirror A, copy it into B) where
+// the form before 2026-12-02 made two mirrors, a full copy of A and a copy of X (about 4 % of a
+// 768 x 768 step on one thread by the time of each call; the whole runs' difference was within
+// the noise of a loaded machine: bench/README.md).
+void CpuBackend::syrk(Workspace& w, float* in, float* x, int64_t m, int64_t n,
+                      const std::vector<NsCoefficients>& coeffs) {
+  grow(w.a, m * m);
+  grow(w.b, m * m);
+  float* A = w.a.data();
+  float* B = w.b.data();
+  float* cur = in;
+  const int M = static_cast<int>(m), N = static_cast<int>(n);
+  for (const auto& k : coeffs) {
+    const float a = static_cast<float>(k.a), b = static_cast<float>(k.b),
+                c = static_cast<float>(k.c);
+    float* next = other_of(cur, x, w.x2.data());
+    cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, M, N, 1.0f, cur, N, 0.0f, A, M);
+    mirror_upper(A, m);
+    copy_upper(A, B, m);
+    cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, M, M, c, A, M, b, B, M);
+    for (int64_t i = 0; i < m; ++i) B[i * m + i] += a;
+    cblas_ssymm(CblasRowMajor, CblasLeft, CblasUpper, M, N, 1.0f, B, M, cur, N, 0.0f, next, N);
+    cur = next;
+  }
+  if (cur != x) std::memcpy(x, cur, sizeof(float) * m * n);
+}
+
+size_t CpuBackend::gram_runs(size_t steps, int restart) {
+  const size_t run = restart > 0 ? static_cast<size_t>(restart) : std::max<size_t>(steps, 1);
+  return (steps + run - 1) / run;
 }
 
 // Gram-space iteration (Zhang, Amsel, Chen, Dao 2025, Dao-AILab/gram-newton-schulz). With
@@ -238,18 +294,18 @@ void CpuBackend::plain_or_syrk(Workspace& w, float* x, int64_t m, int64_t n,
 // Restart (the source's stabilization): the steps run in runs of `restart` (0: one run of all);
 // each run starts from the X the previous one formed, with R recomputed from it, so rounding in
 // Q and R (R carries the squared condition number of X) accumulates over `restart` steps only.
-// The runs write X alternately to x and to the workspace (one copy at the end at most).
-void CpuBackend::gram(Workspace& w, float* x, int64_t m, int64_t n,
+// The runs write X alternately to x and to the workspace, starting from `in` (x or w.x2; the
+// result ends in x).
+void CpuBackend::gram(Workspace& w, float* in, float* x, int64_t m, int64_t n,
                       const std::vector<NsCoefficients>& coeffs, int restart) {
   const size_t steps = coeffs.size();
   const size_t run = restart > 0 ? static_cast<size_t>(restart) : steps;
-  grow(w.x2, m * n);
-  float* cur = x;
-  float* other = w.x2.data();
+  float* cur = in;
   for (size_t first = 0; first < steps; first += run) {
     const size_t last = std::min(steps, first + run);
-    gram_run(w, cur, other, m, n, coeffs.data() + first, last - first);
-    std::swap(cur, other);
+    float* next = other_of(cur, x, w.x2.data());
+    gram_run(w, cur, next, m, n, coeffs.data() + first, last - first);
+    cur = next;
   }
   if (cur != x) std::memcpy(x, cur, sizeof(float) * m * n);
 }
@@ -272,8 +328,8 @@ void CpuBackend::gram_run(Workspace& w, const float* in, float* out, int64_t m, 
   for (size_t s = 0; s < count; ++s) {
     const float a = static_cast<float>(coeffs[s].a), b = static_cast<float>(coeffs[s].b),
                 c = static_cast<float>(coeffs[s].c);
-    // P = c R R + b R + a I
-    std::memcpy(P, R, sizeof(float) * m * m);
+    // P = c R R + b R + a I (ssyrk reads and writes C's upper triangle only)
+    copy_upper(R, P, m);
     cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, M, M, c, R, M, b, P, M);
     mirror_upper(P, m);
     for (int64_t i = 0; i < m; ++i) P[i * m + i] += a;

@@ -51,10 +51,14 @@ class CpuBackend final : public Backend {
   static void one_matrix(Workspace& w, float* x, int64_t rows, int64_t cols,
                          const std::vector<NsCoefficients>& coefficients,
                          const OrthogonalizeOptions& options);
-  static void plain_or_syrk(Workspace& w, float* x, int64_t m, int64_t n,
-                            const std::vector<NsCoefficients>& coeffs, bool syrk, bool narrow);
-  static void gram(Workspace& w, float* x, int64_t m, int64_t n,
+  static void plain(Workspace& w, float* in, float* x, int64_t m, int64_t n,
+                    const std::vector<NsCoefficients>& coeffs, bool narrow);
+  static void syrk(Workspace& w, float* in, float* x, int64_t m, int64_t n,
+                   const std::vector<NsCoefficients>& coeffs);
+  static void gram(Workspace& w, float* in, float* x, int64_t m, int64_t n,
                    const std::vector<NsCoefficients>& coeffs, int restart);
+  /// Runs of gram's steps (each writes X once): ceil(steps / restart), one run for restart 0.
+  static size_t gram_runs(size_t steps, int restart);
   static void gram_run(Workspace& w, const float* in, float* out, int64_t m, int64_t n,
                        const NsCoefficients* coeffs, size_t count);
 
