@@ -7,6 +7,7 @@
 
 #include "core/error.hpp"
 #include "daemon/log.hpp"
+#include "daemon/plan_calibration.hpp"
 #include "transport/endpoint.hpp"
 
 namespace muon::daemon {
@@ -110,6 +111,15 @@ Engine::Engine(asio::io_context& io, ServerConfig config, std::unique_ptr<Backen
     log()->info("plan {}: server {} of {}, {} compute ranks, relays {} parameter(s)",
                 config_.plan_path, config_.server_id, routes_->servers(), routes_->world_size(),
                 routes_->relayed());
+    // auto's choices for the shapes this server will orthogonalize, measured now on the
+    // scheduler's worker (not on the io thread, and before any job: the first step does not
+    // wait for them); a registration then finds them in the table.
+    const auto planned = planned_matrices_from_file(config_.plan_path, config_.server_id);
+    for (const auto& m : planned) scheduler_.prepare(m.name, m.shape, m.options);
+    if (!planned.empty()) {
+      log()->info("plan {}: preparing Newton-Schulz for the {} parameter(s) this server owns",
+                  config_.plan_path, planned.size());
+    }
   }
 }
 
