@@ -17,7 +17,8 @@
 #   python     with this machine's own torch: the pytest GPU cases of the data planes,
 #              scripts/gpu_python_check.py (OffloadMuon on CUDA tensors over cuda_ipc against the
 #              CPU oracle, bf16 tolerance), a few steps of examples/train_char_gpt.py on the GPU
-#   bench      muon_bench's CUDA rows and muon_gpu_bench, with the issue-6 targets summarised
+#   bench      muon_bench's CUDA rows and muon_gpu_bench, with the issue-6 targets summarised and
+#              the CUDA Newton-Schulz algorithms per shape (plain, syrk, gram, auto: issue 18)
 #   sanitizer  every gpu-labelled test once under compute-sanitizer memcheck, then racecheck
 # A GPU test that skips fails the check, except the ones a one-GPU machine cannot run (needs 2
 # CUDA devices; NCCL refusing two ranks on one GPU), which are reported.
@@ -335,6 +336,12 @@ if wanted bench; then
   section "bench: muon_bench (Newton-Schulz from host memory vs cuBLAS bf16 GEMM)"
   b1=passed b2=passed
   bench muon_bench 90 "$BENCH_FILTER" bench_muon.json || b1=FAILED
+  # Issue 18: plain, syrk and gram side by side per shape (auto runs plain on CUDA until gram
+  # is measured faster there; kernels/ns_choice.hpp, ns_auto_candidates).
+  if [[ -s $OUT_DIR/bench_muon.json ]]; then
+    section "bench: Newton-Schulz per algorithm (ns_rate/gemm_rate; auto = what the default runs)"
+    shown 30 "$PYTHON" scripts/ns_bench_summary.py "$OUT_DIR/bench_muon.json" || true
+  fi
   section "bench: muon_gpu_bench (IPC tile copy vs D2D; device Muon step vs cuBLAS; GPT-2 small through a CUDA server)"
   bench muon_gpu_bench 120 "$GPU_BENCH_FILTER" bench_gpu.json || b2=FAILED
   section "bench: the targets of issue 6 (reported, not failed on)"
