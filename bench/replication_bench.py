@@ -14,7 +14,6 @@ Prints the per-step medians, the ratio on/off and the replicated bytes per step.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
 import statistics
@@ -27,6 +26,9 @@ import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "client" / "python"))
+sys.path.insert(0, str(ROOT / "client" / "python" / "tests"))
+
+from pool_plan import failover_plan, pool_flags, write_plan  # noqa: E402 (the tests' pools)
 
 
 def binary(name: str, sub: str) -> str:
@@ -38,25 +40,14 @@ def binary(name: str, sub: str) -> str:
 
 
 def start_pool(tmp: pathlib.Path, tag: str, names, replicate: str, threads: int):
-    plan = {
-        "schema": "muon-offload-plan/1",
-        "servers": [{"id": 0, "domain": 0}, {"id": 1, "domain": 1, "buddy": 2},
-                    {"id": 2, "domain": 1}],
-        "domains": [{"id": 0, "servers": [0], "compute_ranks": [0]},
-                    {"id": 1, "servers": [1, 2], "compute_ranks": []}],
-        "ranks": [{"rank": 0, "domain": 0}],
-        "parameters": [{"name": n, "owner": 1, "relays": [0, None]} for n in names],
-    }
-    path = tmp / f"plan-{tag}.json"
-    path.write_text(json.dumps(plan))
+    plan_path = write_plan(tmp, failover_plan(names)[0], f"plan-{tag}")
     socks = [str(tmp / f"{tag}{i}.sock") for i in range(3)]
     procs = []
     for i in range(3):
         log = open(tmp / f"{tag}{i}.log", "wb")
         procs.append(subprocess.Popen(
             [binary("muon-offloadd", "daemon"), "--socket", socks[i], "--threads", str(threads),
-             "--log-level", "warn", "--plan", str(path), "--server-id", str(i),
-             "--pool-servers", ",".join(socks), "--replicate", replicate],
+             "--log-level", "warn"] + pool_flags(plan_path, i, socks, replicate),
             stdout=log, stderr=log))
     for s in socks:
         subprocess.run([binary("muon-offload", "cli"), "health", "--socket", s,

@@ -286,6 +286,25 @@ int muon_client_lost_peer(muon_client* c, int* rank, char* message, int64_t mess
   });
 }
 
+int muon_client_snapshot_config(muon_client* c, int server, char* path, int64_t path_len,
+                                int64_t* every, int* lost) {
+  return guarded([&] {
+    if (!c || !every || !lost) {
+      throw muon::InvalidArgument("muon_client_snapshot_config: null client, every or lost");
+    }
+    const auto s = c->impl->survival(server);
+    *lost = s.lost ? 1 : 0;
+    *every = s.snapshot ? s.snapshot->second : -1;
+    if (path && path_len > 0) {
+      const std::string text = s.snapshot ? s.snapshot->first : "";
+      const size_t n = std::min(text.size(), static_cast<size_t>(path_len - 1));
+      std::memcpy(path, text.data(), n);
+      path[n] = '\0';
+    }
+    return MUON_OK;
+  });
+}
+
 int muon_client_reconnect(muon_client* c) {
   return guarded([&] {
     c->impl->reconnect();

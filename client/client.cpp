@@ -51,17 +51,39 @@ Client::~Client() {
 
 Connection& Client::connection(size_t i) {
   auto& slot = connections_.at(i);
-  if (slot) return *slot;
-  const auto& path = config_.servers[i];
+  if (!slot) slot = connect(i);
+  return *slot;
+}
+
+std::unique_ptr<Connection> Client::connect(size_t i) {
+  const auto& path = config_.servers.at(i);
   const bool tcp = transport::parse_endpoint(path).is_tcp();
-  slot = std::make_unique<Connection>(
+  auto c = std::make_unique<Connection>(
       path, config_.rank, config_.world_size,
       config_.name.empty() ? "rank " + std::to_string(config_.rank) : config_.name,
       config_.connect_timeout, config_.op_timeout, tcp && remote_ ? *remote_ : config_.data_plane,
       token_);
-  slot->set_update_callback(
+  c->set_update_callback(
       [this](const std::string& name, int64_t step) { on_update_complete(name, step); });
+  return c;
+}
+
+Connection& Client::live_connection(size_t i) {
+  auto& slot = connections_.at(i);
+  if (!slot || slot->lost_reason().empty()) return connection(i);
+  // Until the new one is open the lost one stays: what its hello said survives a crash
+  // (survival()) is still there for the error when the server is gone for good.
+  auto fresh = connect(i);
+  slot = std::move(fresh);  // the lost one joins its reader thread here
   return *slot;
+}
+
+bool Client::left_behind(size_t i) const {
+  const auto& slot = connections_.at(i);
+  if (!slot || slot->lost_reason().empty()) return false;
+  return std::none_of(params_.begin(), params_.end(), [i](const auto& kv) {
+    return kv.second.server == static_cast<int>(i);
+  });
 }
 
 void Client::on_update_complete(const std::string& name, int64_t step) {
@@ -108,7 +130,7 @@ void Client::register_parameters(const std::vector<ParameterRegistration>& param
     m.job = config_.job;
     m.resume = config_.resume;
     m.packed = true;
-    auto& c = connection(static_cast<size_t>(p.server));
+    auto& c = live_connection(static_cast<size_t>(p.server));
     c.expect_updates(p.name, p.want, transport::dtype_bytes(p.update_dtype), true);
     sent.emplace_back(static_cast<size_t>(p.server), c.send_register(m));
     params_[p.name] = p;
@@ -251,8 +273,8 @@ void Client::commit(const std::string& name, int64_t step) {
 }
 
 void Client::flush() {
-  for (auto& c : connections_) {
-    if (c) c->flush();
+  for (size_t i = 0; i < connections_.size(); ++i) {
+    if (connections_[i] && !left_behind(i)) connections_[i]->flush();
   }
 }
 
@@ -330,8 +352,8 @@ StepStats Client::report_step(int64_t step) {
   r.parameters = stats.parameters;
   r.slowest_parameter = stats.slowest_parameter;
   last_stats_ = stats;
-  for (auto& c : connections_) {
-    if (c) c->send_step_report(r);
+  for (size_t i = 0; i < connections_.size(); ++i) {
+    if (connections_[i] && !left_behind(i)) connections_[i]->send_step_report(r);
   }
   return stats;
 }
@@ -378,6 +400,19 @@ std::optional<std::pair<int, std::string>> Client::lost_peer() {
     }
   }
   return first;
+}
+
+Client::ServerSurvival Client::survival(int server) {
+  if (server < 0 || server >= static_cast<int>(connections_.size())) {
+    throw InvalidArgument("server index " + std::to_string(server) + " but " +
+                          std::to_string(connections_.size()) + " server(s) configured");
+  }
+  ServerSurvival out;
+  if (auto& c = connections_[static_cast<size_t>(server)]) {
+    out.lost = !c->lost_reason().empty();
+    out.snapshot = c->snapshot_config();
+  }
+  return out;
 }
 
 void Client::reconnect() {

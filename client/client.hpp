@@ -121,8 +121,10 @@ class Client {
   ~Client();
 
   /// Registers parameters with their owner servers and waits until every rank of the job has
-  /// registered them (the server answers then). Throws InvalidArgument (bad server index),
-  /// ServerError (refused: the message names the parameter and the reason), Timeout
+  /// registered them (the server answers then). A server whose connection was lost is connected
+  /// to again first (a new session: register every parameter it serves again, as a failover to
+  /// the owner's buddy and back does, or call reconnect()). Throws InvalidArgument (bad server
+  /// index), ServerError (refused: the message names the parameter and the reason), Timeout
   /// (other ranks did not register; the message names them), ConnectionLost.
   void register_parameters(const std::vector<ParameterRegistration>& params);
 
@@ -216,6 +218,15 @@ class Client {
   /// connections; the lowest rank), with the server's message; nullopt when none was.
   std::optional<std::pair<int, std::string>> lost_peer();
 
+  /// What server `server` keeps through a crash, as its hello said (Connection::snapshot_config),
+  /// and whether the connection to it was lost; nullopt config when it is not connected or did
+  /// not say. Throws InvalidArgument for a server index out of range.
+  struct ServerSurvival {
+    bool lost = false;
+    std::optional<std::pair<std::string, int64_t>> snapshot;  ///< path, every
+  };
+  ServerSurvival survival(int server);
+
   /// Drops every connection, reconnects (with the connect timeout) and registers every
   /// parameter again — for a server that restarted from its snapshot.
   void reconnect();
@@ -244,6 +255,17 @@ class Client {
   size_t want_bytes(const ParameterRegistration& reg) const;
   /// Opens the connection to server `i` (an index into config_.servers) if it is not open.
   Connection& connection(size_t i);
+  /// A new connection to server `i` (a new session), its update callback installed. Throws
+  /// what the Connection constructor throws.
+  std::unique_ptr<Connection> connect(size_t i);
+  /// connection(i), opened anew (a new session) when the one there was lost: a registration
+  /// goes to a server that restarted, or to the other of an owner and its buddy after a
+  /// failover (docs/design.md, "Failover").
+  Connection& live_connection(size_t i);
+  /// The connection to server `i` was lost and serves no registered parameter any more (they
+  /// were all registered with another server since: a failover): step reports and flushes
+  /// leave it out.
+  bool left_behind(size_t i) const;
   /// Whether connections open on first use (ClientConfig::connect_on_first_use, resolved).
   bool lazy_ = false;
   /// The hello's token and the data plane of tcp endpoints, resolved at construction and at

@@ -90,6 +90,7 @@ Connection::Connection(std::string endpoint, int rank, int world_size,
     plane_ = std::move(plane);
     slot_bytes_ = ok.slot_bytes;
     crash_note_ = crash_note(ok);
+    if (!ok.server_version.empty()) snapshot_config_.emplace(ok.snapshot_path, ok.snapshot_every);
     tx_busy_.assign(ok.tx_slots, false);
   } catch (...) {
     boost::system::error_code ignored;
@@ -130,6 +131,11 @@ Connection::~Connection() {
   if (plane_) plane_->finish(!said_goodbye);
   params_.clear();
   plane_.reset();
+}
+
+std::optional<std::pair<std::string, int64_t>> Connection::snapshot_config() {
+  std::lock_guard lk(mu_);
+  return snapshot_config_;
 }
 
 std::string Connection::lost_reason() {

@@ -147,6 +147,10 @@ class Connection {
   const std::string& socket_path() const { return path_; }
   /// Empty while the connection is alive; the reason once it is lost.
   std::string lost_reason();
+  /// What the server's hello said outlives a crash: its --snapshot path ("" none) and
+  /// --snapshot-every steps (0: only on request and when stopped); nullopt for a server that
+  /// does not say. Kept after the connection is lost.
+  std::optional<std::pair<std::string, int64_t>> snapshot_config();
   /// The server's reports of ranks of this job lost since this connection opened (peer_lost
   /// without a parameter, sent at once, between steps too), by rank. Each is also written to
   /// stderr the moment it arrives: the trainer may be blocked in its own collectives.
@@ -261,6 +265,7 @@ class Connection {
   /// What of the server's momentum outlives a crash, from its hello ("" for a server that does
   /// not say): appended to every ConnectionLost message.
   std::string crash_note_;
+  std::optional<std::pair<std::string, int64_t>> snapshot_config_;  // under mu_
   std::map<int, std::string> lost_peers_;  // under mu_
   UpdateCallback callback_;
   ErrorCallback error_callback_;

@@ -152,6 +152,12 @@ int muon_client_snapshot(muon_client* c, int server, const char* path);
  * message_len - 1 bytes), or *rank = -1 when none was. Trainers check it before their own
  * collectives, so that a dead peer surfaces as the server's verdict. */
 int muon_client_lost_peer(muon_client* c, int* rank, char* message, int64_t message_len);
+/* What server `server` keeps through a crash, as its hello said: its --snapshot path
+ * (NUL-terminated, truncated to path_len - 1 bytes; "" none) and *every its --snapshot-every
+ * steps (0: only on request and when stopped; -1: not connected, or a server that does not
+ * say); *lost = 1 when the connection to it was lost, else 0. */
+int muon_client_snapshot_config(muon_client* c, int server, char* path, int64_t path_len,
+                                int64_t* every, int* lost);
 /* Reconnects to every server and registers every parameter again. */
 int muon_client_reconnect(muon_client* c);
 

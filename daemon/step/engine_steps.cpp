@@ -33,7 +33,11 @@ StepReducer* Engine::start_gathering(const SessionPtr& s, const transport::Push&
     }
   }
   const auto now = StepMachine::Clock::now();
-  p.replay.reset();  // a later step opens: the taken-over step before it is behind every rank
+  // The taken-over step stays replayable while the step after it gathers: a rank connected
+  // straight to the lost owner may still push it again while another rank, which had its
+  // update, opens the next one. A step two later opens only once every rank has pushed the one
+  // between: the replayed step is behind every rank then.
+  if (p.replay && p.replay->step < m.step - 1) p.replay.reset();
   StepReducer& reducer = p.steps.open(m.step, *p.layout, now, [&] {
     return p.storage->make_contribution_store();
   });

@@ -54,8 +54,8 @@ struct ParamState {
   int64_t health_step = -1;             // its step
   bool unhealthy = false;  // the last sample exceeded the threshold (warned once)
   /// Taken over from a replica whose step its lost owner may have released to some ranks only:
-  /// that step (outcome, update), answered from here to a rank that pushes it again, until
-  /// the next step opens.
+  /// that step (outcome, update), answered from here to a rank that pushes it again, until a
+  /// step two later opens (the one between needs every rank: all have the replayed one then).
   std::optional<Replica> replay;
   /// Registered, its first state on the way to its buddy: register_ok waits for the buddy.
   bool awaiting_buddy = false;

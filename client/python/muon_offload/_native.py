@@ -102,6 +102,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "muon_client_load_momentum": (i, [h, cp, i64, vp, i64]),
         "muon_client_snapshot": (i, [h, i, cp]),
         "muon_client_lost_peer": (i, [h, ctypes.POINTER(i), cp, i64]),
+        "muon_client_snapshot_config": (i, [h, i, cp, i64, c_int64_p, ctypes.POINTER(i)]),
         "muon_client_reconnect": (i, [h]),
         "muon_client_report_step": (i, [h, i64, ctypes.POINTER(ctypes.c_double), c_int64_p,
                                         ctypes.POINTER(i), cp, i64]),

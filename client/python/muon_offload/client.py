@@ -427,6 +427,23 @@ class Client:
             return None
         return rank.value, message.value.decode("utf-8", "replace")
 
+    def snapshot_config(self, server: int) -> Tuple[bool, Optional[Tuple[str, int]]]:
+        """``(lost, (path, every))`` of server ``server``: whether the connection to it was
+        lost, and what its hello said outlives a crash, its --snapshot path ("" none) and
+        --snapshot-every steps (0: only on request and when stopped); None instead of the
+        pair for a server not connected or that does not say. No round trip."""
+        path = ctypes.create_string_buffer(4096)
+        every = ctypes.c_int64(-1)
+        lost = ctypes.c_int(0)
+        with self._mu:
+            check(self._lib.muon_client_snapshot_config(self._handle(), int(server), path,
+                                                         len(path), ctypes.byref(every),
+                                                         ctypes.byref(lost)),
+                  f"snapshot config of server {server}")
+        config = None if every.value < 0 else (path.value.decode("utf-8", "replace"),
+                                               int(every.value))
+        return bool(lost.value), config
+
     def reconnect(self) -> None:
         """Reconnects to every server and registers every parameter again (after a server
         restarted, e.g. from its snapshot)."""

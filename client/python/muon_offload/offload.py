@@ -33,7 +33,9 @@ from .base import MuonOptimizerBase, base_keywords, muon_config
 from .client import Client
 from .config import MuonConfig
 from ._native import ConnectionLost, InvalidArgument, MuonOffloadError, NonFiniteGradient
-from .errors import MUON_ERR_PEER_LOST, PeerLost
+from .errors import MUON_ERR_CONNECTION, MUON_ERR_PEER_LOST, PeerLost
+from .crash_report import lost_steps_report
+from .failover import DirectFailover
 from .layouts import is_dtensor, local_tensor, replica_groups, shard_like, storage_layout
 from .muon_param import MuonParam, row_shard
 
@@ -64,6 +66,17 @@ def plan_targets(path: Optional[str], rank: int = 0) -> Dict[str, int]:
         return {}
     return plan_reader.targets(plan_reader.read(path), rank,
                                os.environ.get("MUON_OFFLOAD_SERVERS_SCOPE") == "global")
+
+
+def plan_failover_pairs(path: Optional[str], rank: int = 0) -> Dict[str, Tuple[int, int]]:
+    """``{name: (owner index, buddy index)}`` of the parameters ``rank`` pushes straight to an
+    owner with a buddy in the plan at ``path`` (:func:`muon_offload.plan.failover_pairs`); {}
+    without a plan. Raises PlanError for a bad plan or a buddy the plan may not name."""
+    if not path:
+        return {}
+    return plan_reader.failover_pairs(plan_reader.read(path), rank,
+                                      os.environ.get("MUON_OFFLOAD_SERVERS_SCOPE") == "global",
+                                      source=f"plan '{path}'")
 
 
 class OffloadMuon(MuonOptimizerBase):
@@ -197,7 +210,10 @@ class OffloadMuon(MuonOptimizerBase):
 
     Errors surface from step() and from backward() (the hooks push and commit during backward):
     :class:`~muon_offload.ConnectionLost` when a server is unreachable or restarted (the
-    message says how to recover: :meth:`reconnect` then :meth:`load_state_dict`),
+    message counts the steps whose momentum is lost against each lost server's snapshot and
+    says how to recover: :meth:`reconnect` then :meth:`load_state_dict`; a planned parameter
+    pushed straight to an owner with a buddy fails over to the buddy instead, with a warning,
+    see :mod:`muon_offload.failover`),
     :class:`~muon_offload.ServerError` when it refuses a parameter (naming it),
     :class:`~muon_offload.PeerLost`, :class:`~muon_offload.Timeout`,
     :class:`~muon_offload.NonFiniteGradient` (the step of that parameter is consumed, its weights
@@ -246,6 +262,11 @@ class OffloadMuon(MuonOptimizerBase):
         self._assign = dict(assign or {}) or plan_targets(os.environ.get("MUON_OFFLOAD_PLAN"),
                                                           plan_rank(self._pg))
         self._from_plan = not assign and bool(os.environ.get("MUON_OFFLOAD_PLAN"))
+        # Parameters this rank pushes straight to an owner with a buddy fail over to the buddy
+        # when the owner is lost (muon_offload/failover.py); relayed ones fail over in the relay.
+        self._failover = DirectFailover(
+            plan_failover_pairs(os.environ.get("MUON_OFFLOAD_PLAN"), plan_rank(self._pg))
+            if self._from_plan else {})
         cuda_params = [p for p in self._muon_params if p.is_cuda]
         # cuda_ipc opens the rings on the current device: the one the parameters live on.
         on_device = (torch.cuda.device(cuda_params[0].device) if cuda_params
@@ -311,16 +332,24 @@ class OffloadMuon(MuonOptimizerBase):
                 m.held, m.wanted = list(m.layout.held), list(m.layout.wanted)
             elif self.mode == "shard" and self.world_size > 1:
                 m.held = row_shard(m.shape, self.rank, self.world_size)
-            try:
-                self._client.register(m.name, m.shape, m.options, push=m.held, want=m.wanted,
-                                      server=m.server, grad_dtype=self._grad_dtype,
-                                      update_dtype=self._update_dtype)
-            except _native.MuonOffloadError as e:
-                raise e.with_message(f"the server refused parameter '{m.name}' (shape "
-                                     f"{tuple(p.shape)} -> {m.shape}, options {m.options}): "
-                                     f"{e}") from None
+            self._register_on_server(p)
             if p.requires_grad:
                 self._install_hook(p)
+
+    def _register_on_server(self, p: torch.Tensor) -> None:
+        """Registers Muon parameter ``p`` with its server (``meta.server``) as planned above;
+        the server's refusal re-raised naming the parameter, its shapes and options."""
+        m = self._meta[p]
+        try:
+            self._client.register(m.name, m.shape, m.options, push=m.held, want=m.wanted,
+                                  server=m.server, grad_dtype=self._grad_dtype,
+                                  update_dtype=self._update_dtype)
+        except ConnectionLost:
+            raise
+        except _native.MuonOffloadError as e:
+            raise e.with_message(f"the server refused parameter '{m.name}' (shape "
+                                 f"{tuple(p.shape)} -> {m.shape}, options {m.options}): "
+                                 f"{e}") from None
 
     def _install_hook(self, p: torch.Tensor) -> None:
         ref = weakref.ref(self)
@@ -363,9 +392,12 @@ class OffloadMuon(MuonOptimizerBase):
         """Resets the step in flight and re-raises ``e`` with recovery advice."""
         self._pushed.clear()
         self._committed.clear()
+        self._failover.end_step()
         if isinstance(e, ConnectionLost):
+            report = self._lost_steps_report()
             raise e.with_message(
-                f"{e}\nThe muon-offloadd server ({', '.join(self.servers)}) is unreachable, "
+                f"{e}\n{report + chr(10) if report else ''}"
+                f"The muon-offloadd server ({', '.join(self.servers)}) is unreachable, "
                 "stopped or crashed; what of its momentum survives is said above (a crashed "
                 "server keeps only its last snapshot on disk). To resume: restart it "
                 "(`--restore SNAPSHOT` keeps the momentum of its last snapshot), call "
@@ -384,6 +416,17 @@ class OffloadMuon(MuonOptimizerBase):
                 "resume_from_server=True) or the optimizer state was not loaded "
                 "(optimizer.load_state_dict(checkpoint)).") from None
         raise e
+
+    def _lost_steps_report(self) -> str:
+        """For each server whose connection was lost: the step its snapshot holds against this
+        optimizer's last step, the steps lost, how to resume (crash_report.py); "" when none
+        is known lost, and never an error of its own (it only adds to one)."""
+        try:
+            survival = [self._client.snapshot_config(i) for i in range(len(self.servers))]
+        except _native.MuonOffloadError:
+            return ""
+        last = {self._meta[p].name: self._server_step(p) - 1 for p in self._muon_params}
+        return lost_steps_report(self.servers, survival, last)
 
     def _check_peers(self) -> None:
         """Raises PeerLost with the server's report when a server said a rank of this job was
@@ -439,6 +482,18 @@ class OffloadMuon(MuonOptimizerBase):
         # CUDA gradients stay on the device (pushed from device memory on the current stream).
         g = g.to(device=self._io_device(p),
                  dtype=_TORCH_DTYPE[self._grad_dtype]).contiguous().view(-1)
+        self._pushed[p] = step
+        self._failover.hold(m.name, g)  # before the push: a failover pushes it again
+        server = m.server
+        try:
+            self._send(m, step, g)
+        except ConnectionLost as e:
+            if not self._failover.covers(m.name):
+                raise
+            self._fail_over(server, e)
+
+    def _send(self, m: MuonParam, step: int, g: torch.Tensor) -> None:
+        """Pushes ``g`` (the flat gradient as :meth:`_push` made it) of ``m`` for ``step``."""
         if m.layout is not None:
             # A DTensor's gradient is its local tensor: the held ranges packed, one push however
             # many ranges they are (a column block's rows), scattered by the server.
@@ -448,7 +503,83 @@ class OffloadMuon(MuonOptimizerBase):
             # A plain tensor's gradient is the whole matrix, indexed by element.
             for b, e in m.held:
                 self._client.push(m.name, step, b, g[b:e], e - b)
-        self._pushed[p] = step
+
+    def _fail_over(self, lost: int, error: ConnectionLost) -> None:
+        """Server ``lost`` (an index into ``servers``) was lost with ``error``: every failover
+        parameter that went there goes to the other server of its pair (failover.py), is
+        registered there (the buddy takes it over from its replica; a restarted owner from the
+        replicas its buddy streamed back), and the step in flight is pushed again from the held
+        gradients and committed as far as it was. A server lost while doing so is failed over in
+        turn, at most DirectFailover.MAX_MOVES_PER_STEP times a step; after that, or when a
+        server holds another step than this optimizer's, raises ConnectionLost saying what is
+        lost."""
+        fo = self._failover
+        while True:
+            moved = [p for p in self._muon_params
+                     if self._meta[p].server == lost and fo.covers(self._meta[p].name)]
+            if not moved:
+                raise error
+            if fo.moves >= fo.MAX_MOVES_PER_STEP:
+                raise self._both_lost(moved, error)
+            fo.moves += 1
+            for p in moved:
+                m = self._meta[p]
+                m.server = fo.other(m.name, lost)
+            warnings.warn(
+                f"muon_offload: rank {self.rank} lost server {self.servers[lost]} ({error}); its "
+                f"{len(moved)} parameter(s) go to "
+                f"{', '.join(sorted({self.servers[self._meta[p].server] for p in moved}))}, "
+                "which holds their replica, and the step in flight is pushed there again",
+                stacklevel=4)
+            current, stale = None, []
+            try:
+                for p in moved:
+                    current = self._meta[p].server
+                    self._register_on_server(p)
+                for p in moved:
+                    current = self._meta[p].server
+                    stale += self._taken_over_at_another_step(p)
+                for p in moved if not stale else ():
+                    m = self._meta[p]
+                    current = m.server
+                    if p in self._pushed:
+                        for g in fo.held(m.name):
+                            self._send(m, self._pushed[p], g)
+                        if p in self._committed and m.held:
+                            self._client.commit(m.name, self._pushed[p])
+            except ConnectionLost as e:
+                lost, error = current, e
+                continue
+            if stale:
+                more = f" (and {len(stale) - 1} more)" if len(stale) > 1 else ""
+                raise ConnectionLost(stale[0] + more, MUON_ERR_CONNECTION, 0, "connection_lost")
+            return
+
+    def _both_lost(self, moved, error: ConnectionLost) -> ConnectionLost:
+        """The error when both servers of a failover pair were lost within one step: the
+        replicas went with them; ``error`` is the last loss."""
+        names = [self._meta[p].name for p in moved]
+        pair = sorted({self.servers[i] for p in moved
+                       for i in self._failover.pairs[self._meta[p].name]})
+        return error.with_message(
+            f"{error}\nThe owner and the buddy ({', '.join(pair)}) of {len(names)} parameter(s) "
+            f"({', '.join(repr(n) for n in names[:3])}{', ...' if len(names) > 3 else ''}) were "
+            "both lost within one step: no server holds their replica any more.")
+
+    def _taken_over_at_another_step(self, p: torch.Tensor) -> list:
+        """After a failover: the server now holding ``p`` must be at this optimizer's last step,
+        or one past it when this rank's step in flight was applied before the loss (the server
+        answers it from its replica). Returns [] then, else [a message naming both steps] (a
+        buddy whose replication was off or had failed). Raises what fetching the step raises."""
+        m = self._meta[p]
+        last = self._server_last_step(m)
+        mine = self._server_step(p) - 1
+        if last == mine or (last == mine + 1 and p in self._pushed):
+            return []
+        return [f"server {self.servers[m.server]} took '{m.name}' over at "
+                f"{'no step' if last < 0 else f'step {last}'}, but this optimizer's last step of "
+                f"it is {mine}: the replica there is not this run's (replication off, or failing "
+                "while its owner ran: see the owner's log); the momentum since is lost"]
 
     @staticmethod
     def _local_grad(m: MuonParam, grad, device: torch.device) -> torch.Tensor:
@@ -476,9 +607,30 @@ class OffloadMuon(MuonOptimizerBase):
 
     def _commit(self, p: torch.Tensor) -> None:
         m = self._meta[p]
+        self._committed[p] = True  # before the commit: a failover commits it again
         if m.held:
-            self._client.commit(m.name, self._pushed[p])
-        self._committed[p] = True
+            server = m.server
+            try:
+                self._client.commit(m.name, self._pushed[p])
+            except ConnectionLost as e:
+                if not self._failover.covers(m.name):
+                    raise
+                self._fail_over(server, e)
+
+    def _wait_update(self, p: torch.Tensor, step: int, buf: torch.Tensor) -> None:
+        """Waits for the update of ``p``'s ``step`` into ``buf``, failing over (and waiting
+        again on the other server of its pair) when its server is lost."""
+        m = self._meta[p]
+        while True:
+            server = m.server
+            try:
+                self._client.wait_update(m.name, step, buf)
+                self._failover.release(m.name)
+                return
+            except ConnectionLost as e:
+                if not self._failover.covers(m.name):
+                    raise
+                self._fail_over(server, e)
 
     def _check_grad(self, p: torch.Tensor) -> None:
         """A gradient of ``p`` may be taken now: the optimizer is usable and ``p``'s step is not
@@ -574,7 +726,7 @@ class OffloadMuon(MuonOptimizerBase):
                                   device=self._io_device(p))
                 waited.append(step)
                 try:
-                    self._client.wait_update(m.name, step, buf)
+                    self._wait_update(p, step, buf)
                 except NonFiniteGradient as e:  # the server consumed the step
                     errors.append(e)
                     self.state[p]["step"] = step + 1
@@ -589,6 +741,7 @@ class OffloadMuon(MuonOptimizerBase):
             self._fail(e)
         self._pushed.clear()
         self._committed.clear()
+        self._failover.end_step()
         self.last_hook_seconds, self._hook_seconds = self._hook_seconds, 0.0
         self.last_step_seconds = time.perf_counter() - t0
         if waited:

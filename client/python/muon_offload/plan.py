@@ -4,15 +4,16 @@ planned parameter is pushed to from a rank). Standard library only. (scripts/muo
 reads the servers and GPUs of its node from the same plan itself.)
 
 Plan fields read: ``schema``; ``nodes[]`` (``node_rank``, ``servers[].id``); ``ranks[]``
-(``rank``, ``domain``); ``parameters[]`` (``name``, ``owner``, ``relays[domain]``).
+(``rank``, ``domain``); ``parameters[]`` (``name``, ``owner``, ``relays[domain]``);
+``servers[]`` (``id``, ``buddy``) for :func:`failover_pairs`.
 """
 from __future__ import annotations
 
 import json
 import os
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
-__all__ = ["read", "node_rank", "targets", "row_blocks", "PlanError"]
+__all__ = ["read", "node_rank", "targets", "failover_pairs", "row_blocks", "PlanError"]
 
 
 class PlanError(ValueError):
@@ -78,22 +79,88 @@ def targets(plan: dict, rank: int, global_scope: bool = False,
     every server of the plan in id order, so an id is its index. Otherwise the list is this
     node's servers in the plan's order (``this_node``, default :func:`node_rank`), and
     parameters placed on other nodes' servers are left out."""
-    domain = next((r.get("domain") for r in plan.get("ranks") or []
-                   if isinstance(r, dict) and r.get("rank") == rank), None)
+    chosen = {p["name"]: _target(p, _domain(plan, rank)) for p in plan.get("parameters", [])}
+    index = _server_index(plan, global_scope, this_node)
+    return {name: index(t) for name, t in chosen.items() if index(t) is not None}
 
-    def target(p):
-        relays = p.get("relays")
-        if (_is_index(domain) and isinstance(relays, list) and domain < len(relays)
-                and _is_index(relays[domain])):
-            return relays[domain]
-        return p.get("owner")
 
-    chosen = {p["name"]: target(p) for p in plan.get("parameters", [])}
+def failover_pairs(plan: dict, rank: int, global_scope: bool = False,
+                   this_node: Optional[int] = None,
+                   source: str = "plan") -> Dict[str, Tuple[int, int]]:
+    """``{parameter name: (owner index, buddy index)}`` for each planned parameter that ``rank``
+    pushes straight to its owner (no relay in its domain) and whose owner has a buddy
+    (``servers[].buddy``), both in the trainer's server list (indices as :func:`targets`).
+    When the owner is lost the rank registers the parameter with the buddy, which holds its
+    replica, and pushes the step in flight again; when that server is lost in turn, back to the
+    owner (restarted meanwhile: the buddy's buddy). A buddy may own parameters of its own, with
+    its own buddy (ring buddies: server 1 buddies 2, 2 buddies 1). Raises PlanError, naming
+    ``source``, for a buddy that is not a server id of the plan, the server itself, or relays
+    one of its owner's parameters for some domain (at a takeover it would be both the owner
+    and a relay of it; plan/plan.cpp choose_buddies never picks one, daemon/pool_routes.cpp
+    refuses it too)."""
+    servers = plan.get("servers") or []
+    ids = {s.get("id") for s in servers if isinstance(s, dict)}
+    buddy = {}
+    for s in servers:
+        b = s.get("buddy") if isinstance(s, dict) else None
+        if b is None:
+            continue
+        if not _is_index(b) or b not in ids:
+            raise PlanError(f"{source}: server {s.get('id')} has buddy {b!r}, not a server id "
+                            f"of the plan")
+        if b == s.get("id"):
+            raise PlanError(f"{source}: server {b} is its own buddy")
+        buddy[s["id"]] = b
+    # Domains with compute ranks: a relay for a domain of none forwards nothing.
+    ranked = {d for d, dom in enumerate(plan.get("domains") or [])
+              if isinstance(dom, dict) and dom.get("compute_ranks")}
+    for p in plan.get("parameters", []):
+        b = buddy.get(p.get("owner"))
+        relays = p.get("relays") if isinstance(p.get("relays"), list) else []
+        for d, r in enumerate(relays):
+            if b is not None and r == b and d in ranked:
+                raise PlanError(
+                    f"{source}: parameter {p.get('name')!r}: server {b} relays it for domain "
+                    f"{d} and is the buddy of its owner, server {p.get('owner')}: a buddy must "
+                    "relay none of its owner's parameters")
+    domain = _domain(plan, rank)
+    index = _server_index(plan, global_scope, this_node)
+    pairs = {}
+    for p in plan.get("parameters", []):
+        owner = p.get("owner")
+        if _target(p, domain) != owner or owner not in buddy:
+            continue  # relayed: the relay fails over, not the rank
+        a, b = index(owner), index(buddy[owner])
+        if a is not None and b is not None:
+            pairs[str(p["name"])] = (a, b)
+    return pairs
+
+
+def _domain(plan: dict, rank: int):
+    """The domain of compute rank ``rank`` (``ranks[]``), None when the plan does not list it."""
+    return next((r.get("domain") for r in plan.get("ranks") or []
+                 if isinstance(r, dict) and r.get("rank") == rank), None)
+
+
+def _target(p: dict, domain):
+    """The server id a rank of ``domain`` pushes parameter ``p`` to: its domain's relay, else the
+    owner."""
+    relays = p.get("relays")
+    if (_is_index(domain) and isinstance(relays, list) and domain < len(relays)
+            and _is_index(relays[domain])):
+        return relays[domain]
+    return p.get("owner")
+
+
+def _server_index(plan: dict, global_scope: bool, this_node: Optional[int]):
+    """A function from a server id to its index in the trainer's server list (None when the
+    list lacks it): the id itself for ``global_scope``, else its position among this node's
+    servers (``this_node``, default :func:`node_rank`)."""
     if global_scope:
-        return {name: t for name, t in chosen.items() if _is_index(t)}
+        return lambda t: t if _is_index(t) else None
     local = {}
     node = node_rank() if this_node is None else this_node
     for n in plan.get("nodes", []):
         if n.get("node_rank") == node:
             local = {s["id"]: i for i, s in enumerate(n.get("servers", []))}
-    return {name: local[t] for name, t in chosen.items() if _is_index(t) and t in local}
+    return lambda t: local.get(t) if _is_index(t) else None

@@ -13,50 +13,17 @@ kills, the recoveries from the snapshot vs from the checkpoint, and the time fro
 kill to the next completed step)."""
 import copy
 import os
-import random
 import statistics
-import threading
 import time
 
 from helpers import TinyNet, param_diff, same_params, train
+from pool import Killer, shm_segments
 from muon_offload import ConnectionLost
 from muon_offload.torch import InProcessMuon, OffloadMuon
 
 KW = dict(lr=0.03, weight_decay=0.05, adamw_lr=2e-3)
 KILLS = int(os.environ.get("MUON_CRASH_SOAK_KILLS", "6"))
 STEPS = int(os.environ.get("MUON_CRASH_SOAK_STEPS", "60"))
-
-
-def shm_segments():
-    """The sessions' shared-memory segments now (transport/shm_segment.cpp names them muon-*)."""
-    return [n for n in os.listdir("/dev/shm") if n.startswith("muon-")]
-
-
-class Killer(threading.Thread):
-    """SIGKILLs the server once per arming, after a random delay (seeded; the moment it lands
-    in a step is the machine's)."""
-
-    def __init__(self, server, seed):
-        super().__init__(daemon=True)
-        self.server, self.rng = server, random.Random(seed)
-        self.armed, self.stop = threading.Event(), threading.Event()
-        self.kills, self.killed_at = 0, None
-
-    def run(self):
-        while not self.stop.is_set():
-            if not self.armed.wait(0.05):
-                continue
-            time.sleep(self.rng.uniform(0.0, 0.25))
-            if self.stop.is_set() or not self.armed.is_set():
-                continue
-            self.killed_at = time.monotonic()  # before disarming: the trainer re-arms on None
-            self.armed.clear()
-            proc = self.server.proc
-            if proc is not None and proc.poll() is None:
-                proc.kill()
-                self.kills += 1
-            else:
-                self.killed_at = None
 
 
 def test_random_server_kills_lose_nothing_of_the_result(server_factory, tmpdir_private):
@@ -67,7 +34,7 @@ def test_random_server_kills_lose_nothing_of_the_result(server_factory, tmpdir_p
     m = TinyNet()
     opt = OffloadMuon(m.named_parameters(), servers=[s.socket], **KW)
     ckpt = copy.deepcopy({"model": m.state_dict(), "opt": opt.state_dict(), "step": 0})
-    killer = Killer(s, seed=17)
+    killer = Killer([s], seed=17)
     killer.start()
     step, recoveries, from_checkpoint, kill_to_step = 0, 0, 0, []
     recovered_from = None  # when the kill just recovered from landed

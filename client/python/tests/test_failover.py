@@ -11,77 +11,68 @@ its replica, and the relay pushes the step in flight there again: the trainer se
   The final weights are bitwise those of an uninterrupted in-process run, nothing hangs, no
   shared-memory segment is left over; prints the kill to next completed step times.
 
-Short form (the test command): 3 owner kills. Long form by hand:
-    MUON_FAILOVER_KILLS=50 pytest -s test_failover.py -k soak
-"""
-import json
-import os
-import random
-import statistics
-import subprocess
-import threading
-import time
+- no relay: the rank pushes straight to the owner (server 0, buddy 1) and fails over itself
+  (muon_offload/failover.py): the same soak, bitwise;
+- both of the pair killed: the error says so and counts the steps lost against the snapshot.
 
-from conftest import Server, find_binary
+Short form (the test command): 3 owner kills each. Long form by hand:
+    MUON_FAILOVER_KILLS=50 pytest -s test_failover.py -k "soak or straight"
+"""
+import contextlib
+import os
+import statistics
+import time
+import warnings
+
+import pytest
+
 from helpers import TinyNet, param_diff, same_params, train
+from muon_offload import ConnectionLost, crash_report
 from muon_offload.torch import InProcessMuon, OffloadMuon
+from pool import (failover_plan, kill_owners, replicas, server_logs, shm_segments, start_pool,
+                  status, train_until_replicated)
 
 KW = dict(lr=0.03, weight_decay=0.05, adamw_lr=2e-3)
 KILLS = int(os.environ.get("MUON_FAILOVER_KILLS", "3"))
 MUON = ("conv.weight", "fc1.weight", "fc2.weight", "experts")
 
 
-def shm_segments():
-    return [n for n in os.listdir("/dev/shm") if n.startswith("muon-")]
-
-
-def status(socket):
-    r = subprocess.run([find_binary("muon-offload", "cli"), "status", "--socket", socket,
-                        "--json"], capture_output=True, text=True, timeout=30)
-    return json.loads(r.stdout) if r.returncode in (0, 3) and r.stdout else {}
-
-
-def start_pool(tmp, replicate="on"):
-    """Servers 0 (domain 0: the trainer's rank 0; relays every parameter), 1 (owner) and 2 (its
-    buddy), both in domain 1, which has no compute rank."""
-    plan = {
-        "schema": "muon-offload-plan/1",
-        "servers": [{"id": 0, "domain": 0}, {"id": 1, "domain": 1, "buddy": 2},
-                    {"id": 2, "domain": 1}],
-        "domains": [{"id": 0, "servers": [0], "compute_ranks": [0]},
-                    {"id": 1, "servers": [1, 2], "compute_ranks": []}],
-        "ranks": [{"rank": 0, "domain": 0}],
-        "parameters": [{"name": n, "owner": 1, "relays": [0, None]} for n in MUON],
-    }
-    path = tmp / "plan.json"
-    path.write_text(json.dumps(plan))
-    socks = [str(tmp / f"pool{i}.sock") for i in range(3)]
-    servers = []
-    for i in range(3):
-        servers.append(Server(socks[i], ["--plan", str(path), "--server-id", str(i),
-                                         "--pool-servers", ",".join(socks),
-                                         "--replicate", replicate]))
+def relayed_pool(tmp, replicate="on"):
+    """Servers 0 (the relay of rank 0's domain), 1 (the owner of every Muon parameter) and 2
+    (its buddy). Returns (sockets, servers)."""
+    socks, servers, _ = start_pool(tmp, failover_plan(MUON)[0], replicate)
     return socks, servers
 
 
-def replicas(socket):
-    return {r["name"]: r["step"] for r in status(socket).get("replicas", [])}
+@contextlib.contextmanager
+def reported(servers, shm_before):
+    """Stops every server at the end, printing what they logged first when the body failed;
+    then no shared-memory segment may be left over from before."""
+    try:
+        yield
+    except BaseException:
+        print(server_logs(servers))
+        raise
+    finally:
+        for s in servers:
+            s.stop()
+    assert set(shm_segments()) <= shm_before, set(shm_segments()) - shm_before
 
 
-def train_until_replicated(m, opt, step, socket, timeout=30.0):
-    """Trains step after step until the server at `socket` holds a replica of every parameter
-    at the last one (an owner retries a buddy it lost after 2 s). Returns the next step."""
-    give_up = time.monotonic() + timeout
-    while True:
-        train(m, opt, 1, start=step)
-        step += 1
-        if all(replicas(socket).get(n, -2) == step - 1 for n in MUON):
-            return step
-        assert time.monotonic() < give_up, f"{socket}: replicas {replicas(socket)}"
+def bitwise_after(m, opt, step, label, kill_to_step):
+    """Closes ``opt``; ``m`` must be bitwise the model an uninterrupted in-process run of
+    ``step`` steps trains. Prints the kill to next completed step figures."""
+    opt.close()
+    ref = TinyNet()
+    train(ref, InProcessMuon(ref.named_parameters(), **KW), step)
+    assert same_params(m, ref), param_diff(m, ref)
+    print(f"\n{label}: {len(kill_to_step)} owner kills over {step} steps, 0 errors seen by the "
+          f"trainer; kill to next completed step: median {statistics.median(kill_to_step):.3f} "
+          f"s, max {max(kill_to_step):.3f} s")
 
 
 def test_the_buddy_holds_every_step_the_trainer_has_seen(tmpdir_private):
-    socks, servers = start_pool(tmpdir_private)
+    socks, servers = relayed_pool(tmpdir_private)
     try:
         m = TinyNet()
         opt = OffloadMuon(m.named_parameters(), servers=[socks[0]],
@@ -102,7 +93,7 @@ def test_the_buddy_holds_every_step_the_trainer_has_seen(tmpdir_private):
 
 
 def test_replicate_off_keeps_no_replica(tmpdir_private):
-    socks, servers = start_pool(tmpdir_private, replicate="off")
+    socks, servers = relayed_pool(tmpdir_private, replicate="off")
     try:
         m = TinyNet()
         opt = OffloadMuon(m.named_parameters(), servers=[socks[0]],
@@ -117,91 +108,85 @@ def test_replicate_off_keeps_no_replica(tmpdir_private):
             assert s.stop() == 0
 
 
-class Killer(threading.Thread):
-    """SIGKILLs servers[target] once per arming, after a random delay (seeded)."""
-
-    def __init__(self, servers, seed):
-        super().__init__(daemon=True)
-        self.servers, self.rng = servers, random.Random(seed)
-        self.armed, self.stop = threading.Event(), threading.Event()
-        self.target, self.kills, self.killed_at = None, 0, None
-
-    def run(self):
-        while not self.stop.is_set():
-            if not self.armed.wait(0.05):
-                continue
-            time.sleep(self.rng.uniform(0.0, 0.15))
-            if self.stop.is_set():
-                continue
-            proc = self.servers[self.target].proc
-            self.killed_at = time.monotonic()
-            self.armed.clear()
-            proc.kill()
-            self.kills += 1
-
-
 def test_soak_owner_killed_at_random_moments_loses_no_step(tmpdir_private):
     shm_before = set(shm_segments())
-    socks, servers = start_pool(tmpdir_private)
-    m = TinyNet()
-    opt = OffloadMuon(m.named_parameters(), servers=[socks[0]], assign={n: 0 for n in MUON},
-                      **KW)
-    step = 0
-    try:
-        train(m, opt, 2, start=step)
-        step = 2
+    socks, servers = relayed_pool(tmpdir_private)
+    with reported(servers, shm_before):
+        m = TinyNet()
+        opt = OffloadMuon(m.named_parameters(), servers=[socks[0]],
+                          assign={n: 0 for n in MUON}, **KW)
+        train(m, opt, 2)
         # The buddy killed: a warning on the owner, training goes on; restarted, it gets the
         # replicas back at the next steps.
         servers[2].kill()
-        train(m, opt, 2, start=step)
-        step += 2
+        train(m, opt, 2, start=2)
         servers[2].restart()
-        step = train_until_replicated(m, opt, step, socks[2])
+        step = train_until_replicated(m, opt, 4, socks[2], MUON)
         assert "replication to buddy" in open(servers[1].log).read()
+        step, kill_to_step = kill_owners(m, opt, servers, socks, step, KILLS, owner=1, buddy=2,
+                                         names=MUON)
+        bitwise_after(m, opt, step, "failover soak (relay)", kill_to_step)
 
-        killer = Killer(servers, seed=23)
-        killer.start()
-        owner, buddy = 1, 2
-        kill_to_step = []
-        try:
-            while killer.kills < KILLS or killer.killed_at is not None:
-                if killer.kills < KILLS and not killer.armed.is_set() and \
-                        killer.killed_at is None:
-                    killer.target = owner
-                    killer.armed.set()
-                t_start = time.monotonic()
-                train(m, opt, 1, start=step)  # never raises: the relay fails over
-                step += 1
-                t_end = time.monotonic()
-                assert t_end - t_start < 30, "a step took 30 s (a hang)"
-                if killer.killed_at is None or servers[owner].proc.poll() is None:
-                    continue
-                if killer.killed_at > t_end:  # landed after that step: time the next one
-                    train(m, opt, 1, start=step)
-                    step += 1
-                    t_end = time.monotonic()
-                kill_to_step.append(t_end - killer.killed_at)
-                servers[owner].proc = None
-                servers[owner].restart()  # empty: the new owner's buddy
-                owner, buddy = buddy, owner
-                step = train_until_replicated(m, opt, step, socks[buddy])
-                killer.killed_at = None
-        finally:
-            killer.stop.set()
-            killer.join()
-        opt.close()
-        ref = TinyNet()
-        train(ref, InProcessMuon(ref.named_parameters(), **KW), step)
-        assert same_params(m, ref), param_diff(m, ref)
-        assert killer.kills == KILLS
-        print(f"\nfailover soak: {killer.kills} owner kills over {step} steps, 0 errors seen by "
-              f"the trainer; kill to next completed step: median "
-              f"{statistics.median(kill_to_step):.3f} s, max {max(kill_to_step):.3f} s")
-    except BaseException:
-        for i, s in enumerate(servers):  # what the servers said, for the failure's report
-            print(f"--- server {i} log ---\n" + open(s.log).read()[-3000:])
-        raise
+
+def test_a_rank_pushing_straight_to_the_owner_fails_over_to_its_buddy(tmpdir_private,
+                                                                      monkeypatch):
+    """No relay: rank 0's domain holds the owner (server 0) and its buddy (server 1). Each kill
+    of the current owner, at a random moment of a step: the rank registers its parameters with
+    the other server, which takes them over from its replica, pushes the step in flight again
+    from the gradients it holds, and goes on with a warning; bitwise the uninterrupted run."""
+    shm_before = set(shm_segments())
+    socks, servers, plan = start_pool(tmpdir_private, failover_plan(MUON, direct=True)[0])
+    monkeypatch.setenv("MUON_OFFLOAD_PLAN", str(plan))
+    monkeypatch.setenv("MUON_OFFLOAD_SERVERS_SCOPE", "global")  # the list: every plan server
+    with reported(servers, shm_before):
+        m = TinyNet()
+        opt = OffloadMuon(m.named_parameters(), servers=socks, **KW)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            train(m, opt, 2)
+            assert replicas(socks[1]) == {n: 1 for n in MUON}
+            step, kill_to_step = kill_owners(m, opt, servers, socks, 2, KILLS, owner=0,
+                                             buddy=1, names=MUON)
+        moved = [str(w.message) for w in seen if "which holds their replica" in str(w.message)]
+        assert len(moved) == KILLS, [str(w.message) for w in seen]
+        assert f"lost server {socks[0]}" in moved[0] and f"go to {socks[1]}" in moved[0], moved
+        bitwise_after(m, opt, step, "failover soak (direct)", kill_to_step)
+
+
+def test_owner_and_buddy_both_killed_the_error_counts_the_steps_lost(tmpdir_private,
+                                                                      monkeypatch):
+    """Both servers of the pair SIGKILLed between steps: the rank fails over to the buddy, finds
+    it gone too, and raises ConnectionLost saying so, with the step the owner's snapshot holds
+    (--snapshot-every 2: step 3) against the optimizer's (4): 1 step lost, and how to resume."""
+    snaps = [str(tmpdir_private / f"s{i}.safetensors") for i in range(2)]
+    socks, servers, plan = start_pool(
+        tmpdir_private, failover_plan(MUON, direct=True)[0],
+        extra=lambda i: ["--snapshot", snaps[i], "--snapshot-every", "2"])
+    monkeypatch.setenv("MUON_OFFLOAD_PLAN", str(plan))
+    monkeypatch.setenv("MUON_OFFLOAD_SERVERS_SCOPE", "global")
+    m = TinyNet()
+    opt = OffloadMuon(m.named_parameters(), servers=socks, connect_timeout_s=1.0, **KW)
+    try:
+        train(m, opt, 4)  # steps 0-3: the owner's periodic snapshots after steps 1 and 3
+        give_up = time.monotonic() + 60
+        while (crash_report.snapshot_steps(snaps[0]) or {}).get(MUON[0]) != 3:
+            assert time.monotonic() < give_up, "the periodic snapshot of step 3 never appeared"
+            time.sleep(0.01)
+        train(m, opt, 1, start=4)
+        servers[0].kill()
+        servers[1].kill()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the failover's own warnings
+            with pytest.raises(ConnectionLost) as e:
+                train(m, opt, 1, start=5)
+        msg = str(e.value)
+        assert (f"The owner and the buddy ({socks[0]}, {socks[1]}) of 4 parameter(s)" in msg
+                and "were both lost within one step" in msg), msg
+        assert (f"Server {socks[0]}: lost; its snapshot {snaps[0]} holds step 3 of its 4 "
+                "parameter(s), this optimizer is at step 4: the momentum of 1 step(s) (4..4) "
+                "is lost (it snapshots every 2 step(s))") in msg, msg
+        assert f"restart it with `--restore {snaps[0]}`" in msg, msg
     finally:
+        opt.close()
         for s in servers:
             s.stop()
-    assert set(shm_segments()) <= shm_before, set(shm_segments()) - shm_before

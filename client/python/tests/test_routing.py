@@ -211,3 +211,44 @@ def test_offload_muon_registers_planned_parameters_with_its_domains_relay(
         assert set(placed) == set(expected) | {"conv.weight"}  # conv: not planned, by cost
     finally:
         opt.close()
+
+
+def test_failover_pairs_accept_ring_buddies_and_refuse_a_relaying_buddy():
+    """Ring buddies (server 0 buddies 1, 1 buddies 0: each also an owner) are read; a rank
+    fails over only what it pushes straight to the owner (a relayed parameter fails over in its
+    relay); a buddy that relays one of its owner's parameters is refused, naming both."""
+    from muon_offload.plan import PlanError, failover_pairs
+    plan = relay_plan()
+    plan["servers"] = [{"id": 0, "buddy": 1}, {"id": 1, "buddy": 0}]
+    plan["domains"][1]["compute_ranks"] = []  # server 1 relays for a domain of no rank
+    plan["parameters"] = [{"name": "fc1.weight", "owner": 0, "relays": [None, 1]},
+                          {"name": "fc2.weight", "owner": 1, "relays": [None, None]},
+                          {"name": "experts", "owner": 0, "relays": [0, None]}]
+    assert failover_pairs(plan, 0, global_scope=True) == {
+        "fc1.weight": (0, 1), "fc2.weight": (1, 0), "experts": (0, 1)}
+    plan["parameters"][2]["relays"] = [1, None]  # rank 0's domain relays experts through 1
+    with pytest.raises(PlanError, match=r"'experts': server 1 relays it for domain 0 and is the "
+                                        r"buddy of its owner, server 0"):
+        failover_pairs(plan, 0, global_scope=True, source="plan 'p.json'")
+    plan["parameters"][2]["relays"] = [None, None]
+    plan["servers"][1]["buddy"] = 1
+    with pytest.raises(PlanError, match="server 1 is its own buddy"):
+        failover_pairs(plan, 0, global_scope=True)
+    plan["servers"][1]["buddy"] = 5
+    with pytest.raises(PlanError, match="server 1 has buddy 5, not a server id"):
+        failover_pairs(plan, 0, global_scope=True)
+
+
+def test_failover_pairs_follow_the_ranks_domain_and_node():
+    """The pair's indices are this node's server positions (ids with global scope); an owner
+    without a buddy, and a buddy not on the rank's list, give no pair."""
+    from muon_offload.plan import failover_pairs
+    plan = relay_plan(node_servers=(1, 0))  # server 1 first on the node
+    plan["servers"] = [{"id": 0, "buddy": 1}, {"id": 1}]
+    plan["parameters"] = [{"name": "fc2.weight", "owner": 1, "relays": [0, 1]},
+                          {"name": "experts", "owner": 0, "relays": [0, None]}]
+    # rank 2 (domain 1) pushes experts straight to 0; fc2 to its owner 1, which has no buddy
+    assert failover_pairs(plan, 2, this_node=0) == {"experts": (1, 0)}
+    assert failover_pairs(plan, 2, global_scope=True) == {"experts": (0, 1)}
+    plan["nodes"][0]["servers"] = [plan["servers"][0]]  # the buddy on another node
+    assert failover_pairs(plan, 2, this_node=0) == {}

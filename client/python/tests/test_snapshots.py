@@ -64,6 +64,11 @@ def test_periodic_snapshot_one_step_and_a_crash_says_what_it_lost(server_factory
     msg = str(e.value)
     assert "every 2 steps" in msg and snap in msg and "at most 2" in msg, msg
     assert "is there" not in msg and "--restore SNAPSHOT" in msg and "reconnect()" in msg
+    # The steps lost counted: the snapshot's step 3 against the optimizer's last, 4.
+    assert (f"its snapshot {snap} holds step 3 of its 4 parameter(s), this optimizer is at "
+            "step 4: the momentum of 1 step(s) (4..4) is lost") in msg, msg
+    assert (f"restart it with `--restore {snap}`, call optimizer.reconnect(), then load your "
+            "trainer checkpoint taken after step 3 (optimizer state step 4)") in msg, msg
     opt.close()
 
     # Resume in a new trainer: the server restores step 3, the trainer its checkpoint of step 3.
