@@ -13,20 +13,28 @@ its replica, and the relay pushes the step in flight there again: the trainer se
 
 - no relay: the rank pushes straight to the owner (server 0, buddy 1) and fails over itself
   (muon_offload/failover.py): the same soak, bitwise;
-- both of the pair killed: the error says so and counts the steps lost against the snapshot.
+- both of the pair killed: the error says so and counts the steps lost against the snapshot;
+- 2 gloo ranks, rank 0 behind the relay and rank 1 straight to the owner: the same soak while
+  both step on (failover_worker.py), bitwise on both ranks;
+- the buddy killed alone: a warning in the owner's log, training goes on bitwise, the restarted
+  buddy gets every replica back, and a later owner kill fails over to it.
 
 Short form (the test command): 3 owner kills each. Long form by hand:
-    MUON_FAILOVER_KILLS=50 pytest -s test_failover.py -k "soak or straight"
+    MUON_FAILOVER_KILLS=50 pytest -s test_failover.py -k "soak or straight or two_ranks"
 """
 import contextlib
 import os
+import random
 import statistics
 import time
 import warnings
 
 import pytest
+import torch
+import torch.multiprocessing as mp
 
-from helpers import TinyNet, param_diff, same_params, train
+import failover_worker
+from helpers import TinyNet, free_port, param_diff, same_params, train
 from muon_offload import ConnectionLost, crash_report
 from muon_offload.torch import InProcessMuon, OffloadMuon
 from pool import (failover_plan, kill_owners, replicas, server_logs, shm_segments, start_pool,
@@ -66,9 +74,10 @@ def bitwise_after(m, opt, step, label, kill_to_step):
     ref = TinyNet()
     train(ref, InProcessMuon(ref.named_parameters(), **KW), step)
     assert same_params(m, ref), param_diff(m, ref)
-    print(f"\n{label}: {len(kill_to_step)} owner kills over {step} steps, 0 errors seen by the "
-          f"trainer; kill to next completed step: median {statistics.median(kill_to_step):.3f} "
-          f"s, max {max(kill_to_step):.3f} s")
+    if kill_to_step:
+        print(f"\n{label}: {len(kill_to_step)} owner kills over {step} steps, 0 errors seen "
+              f"by the trainer; kill to next completed step: median "
+              f"{statistics.median(kill_to_step):.3f} s, max {max(kill_to_step):.3f} s")
 
 
 def test_the_buddy_holds_every_step_the_trainer_has_seen(tmpdir_private):
@@ -135,7 +144,7 @@ def test_a_rank_pushing_straight_to_the_owner_fails_over_to_its_buddy(tmpdir_pri
     the other server, which takes them over from its replica, pushes the step in flight again
     from the gradients it holds, and goes on with a warning; bitwise the uninterrupted run."""
     shm_before = set(shm_segments())
-    socks, servers, plan = start_pool(tmpdir_private, failover_plan(MUON, direct=True)[0])
+    socks, servers, plan = start_pool(tmpdir_private, failover_plan(MUON, "direct")[0])
     monkeypatch.setenv("MUON_OFFLOAD_PLAN", str(plan))
     monkeypatch.setenv("MUON_OFFLOAD_SERVERS_SCOPE", "global")  # the list: every plan server
     with reported(servers, shm_before):
@@ -160,7 +169,7 @@ def test_owner_and_buddy_both_killed_the_error_counts_the_steps_lost(tmpdir_priv
     (--snapshot-every 2: step 3) against the optimizer's (4): 1 step lost, and how to resume."""
     snaps = [str(tmpdir_private / f"s{i}.safetensors") for i in range(2)]
     socks, servers, plan = start_pool(
-        tmpdir_private, failover_plan(MUON, direct=True)[0],
+        tmpdir_private, failover_plan(MUON, "direct")[0],
         extra=lambda i: ["--snapshot", snaps[i], "--snapshot-every", "2"])
     monkeypatch.setenv("MUON_OFFLOAD_PLAN", str(plan))
     monkeypatch.setenv("MUON_OFFLOAD_SERVERS_SCOPE", "global")
@@ -190,3 +199,94 @@ def test_owner_and_buddy_both_killed_the_error_counts_the_steps_lost(tmpdir_priv
         opt.close()
         for s in servers:
             s.stop()
+
+
+def wait_for(cond, what, timeout=60.0):
+    """Polls ``cond()`` until true; AssertionError naming ``what`` after ``timeout`` s."""
+    give_up = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < give_up, f"{what} within {timeout} s"
+        time.sleep(0.02)
+
+
+def test_two_ranks_one_behind_a_relay_one_straight_to_the_owner_lose_no_step(tmpdir_private):
+    """2 gloo ranks: rank 0 behind relay server 0, rank 1 straight to the owner (server 1, buddy
+    2), stepping on while the current owner is SIGKILLed at random moments, restarted empty, and
+    killed again once it holds the replicas (the roles swapped): the relay fails over for rank 0,
+    rank 1 itself; both ranks end bitwise on the uninterrupted in-process run, rank 1 warned
+    once a kill, nothing hangs, no shared-memory segment is left over."""
+    shm_before = set(shm_segments())
+    plan, owner, buddy = failover_plan(MUON, "mixed")
+    socks, servers, path = start_pool(tmpdir_private, plan)
+    init = f"tcp://127.0.0.1:{free_port()}"
+    ctx = mp.spawn(failover_worker.run, args=(init, str(path), socks, str(tmpdir_private)),
+                   nprocs=2, join=False)
+    rng, kill_times = random.Random(31), []
+    with reported(servers, shm_before):
+        try:
+            wait_for(lambda: all(replicas(socks[buddy]).get(n, -1) >= 2 for n in MUON),
+                     "the ranks' first steps")
+            for _ in range(KILLS):
+                time.sleep(rng.uniform(0.0, 0.15))
+                kill_times.append(time.monotonic())
+                servers[owner].kill()
+                servers[owner].restart()  # empty: the new owner's buddy
+                owner, buddy = buddy, owner
+                wait_for(lambda: all(n in replicas(socks[buddy]) for n in MUON),
+                         f"the replicas back on server {buddy}")
+            (tmpdir_private / "stop").write_text("")
+            for _ in range(24):  # a hang guard: a rank stuck in a collective never returns
+                if ctx.join(timeout=5):
+                    break
+            else:
+                raise AssertionError("the ranks did not finish within 120 s (a hang)")
+        finally:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+    outs = [torch.load(tmpdir_private / f"rank{r}.pt") for r in (0, 1)]
+    for r, o in enumerate(outs):
+        assert o["error"] is None, f"rank {r}: {o['error']}"
+        assert all(torch.equal(p, q) for p, q in zip(o["params"], o["reference"])), r
+    assert outs[0]["steps"] == outs[1]["steps"]
+    moved = [w for w in outs[1]["warnings"] if "which holds their replica" in w]
+    assert len(moved) == KILLS and not outs[0]["warnings"], (outs[0]["warnings"], moved)
+    kill_to_step = [min(e for e in outs[0]["ends"] if e > t) - t for t in kill_times]
+    print(f"\nfailover soak (2 ranks, relay + direct): {KILLS} owner kills over "
+          f"{outs[0]['steps']} steps, 0 errors seen by the trainers; kill to next completed "
+          f"step: median {statistics.median(kill_to_step):.3f} s, max {max(kill_to_step):.3f} s")
+
+
+def test_buddy_killed_costs_a_warning_then_its_restart_holds_the_replicas(tmpdir_private,
+                                                                          monkeypatch):
+    """The buddy SIGKILLed: the owner warns once (naming the buddy and what a crash of its own
+    now loses) and training goes on unreplicated, bitwise; the buddy restarted (the plan's
+    buddy: relays and ranks fail over to the buddy the plan names, so a new one cannot be
+    chosen at run time) gets every replica back, and the owner says so; a kill of the owner
+    then fails over to it."""
+    socks, servers, plan = start_pool(tmpdir_private, failover_plan(MUON, "direct")[0])
+    monkeypatch.setenv("MUON_OFFLOAD_PLAN", str(plan))
+    monkeypatch.setenv("MUON_OFFLOAD_SERVERS_SCOPE", "global")
+    with reported(servers, set(shm_segments())):
+        m = TinyNet()
+        opt = OffloadMuon(m.named_parameters(), servers=socks, **KW)
+        train(m, opt, 2)
+        servers[1].kill()
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            train(m, opt, 3, start=2)  # unreplicated: nothing reaches the trainer
+        assert not seen, [str(w.message) for w in seen]
+        log = open(servers[0].log).read()
+        assert log.count("replication to buddy server 1") == 1, log
+        assert (f"replication to buddy server 1 ({socks[1]}) failed" in log and
+                "its parameters' updates go out unreplicated until it answers again, so a "
+                "crash of this server now loses their momentum (no --snapshot-every)" in log), log
+        servers[1].restart()
+        step = train_until_replicated(m, opt, 5, socks[1], MUON)
+        assert f"buddy server 1 ({socks[1]}) holds this server's replicas again" in \
+            open(servers[0].log).read()
+        servers[0].kill()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the failover's own
+            train(m, opt, 2, start=step)
+        bitwise_after(m, opt, step + 2, "buddy killed, then the owner", [])
