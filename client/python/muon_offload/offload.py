@@ -213,7 +213,8 @@ class OffloadMuon(MuonOptimizerBase):
     message counts the steps whose momentum is lost against each lost server's snapshot and
     says how to recover: :meth:`reconnect` then :meth:`load_state_dict`; a planned parameter
     pushed straight to an owner with a buddy fails over to the buddy instead, with a warning,
-    see :mod:`muon_offload.failover`),
+    see :mod:`muon_offload.failover`; not with ``MUON_OFFLOAD_REPLICATE=off``, which the
+    launcher's ``--no-replication`` sets),
     :class:`~muon_offload.ServerError` when it refuses a parameter (naming it),
     :class:`~muon_offload.PeerLost`, :class:`~muon_offload.Timeout`,
     :class:`~muon_offload.NonFiniteGradient` (the step of that parameter is consumed, its weights
@@ -264,9 +265,12 @@ class OffloadMuon(MuonOptimizerBase):
         self._from_plan = not assign and bool(os.environ.get("MUON_OFFLOAD_PLAN"))
         # Parameters this rank pushes straight to an owner with a buddy fail over to the buddy
         # when the owner is lost (muon_offload/failover.py); relayed ones fail over in the relay.
+        # Not when the servers do not replicate (the launcher's --no-replication sets
+        # MUON_OFFLOAD_REPLICATE=off): a buddy without the replica cannot take over.
+        replicated = os.environ.get("MUON_OFFLOAD_REPLICATE", "on") != "off"
         self._failover = DirectFailover(
             plan_failover_pairs(os.environ.get("MUON_OFFLOAD_PLAN"), plan_rank(self._pg))
-            if self._from_plan else {})
+            if self._from_plan and replicated else {})
         cuda_params = [p for p in self._muon_params if p.is_cuda]
         # cuda_ipc opens the rings on the current device: the one the parameters live on.
         on_device = (torch.cuda.device(cuda_params[0].device) if cuda_params

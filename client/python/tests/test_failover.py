@@ -117,6 +117,29 @@ def test_replicate_off_keeps_no_replica(tmpdir_private):
             assert s.stop() == 0
 
 
+def test_replicate_off_a_direct_rank_does_not_fail_over(tmpdir_private, monkeypatch):
+    """--replicate off (the launcher's --no-replication, MUON_OFFLOAD_REPLICATE=off): the buddy
+    holds no replica, so a rank pushing straight to a lost owner raises ConnectionLost instead
+    of registering with a buddy that would start from nothing."""
+    socks, servers, plan = start_pool(tmpdir_private, failover_plan(MUON, "direct")[0],
+                                      replicate="off")
+    monkeypatch.setenv("MUON_OFFLOAD_PLAN", str(plan))
+    monkeypatch.setenv("MUON_OFFLOAD_SERVERS_SCOPE", "global")
+    monkeypatch.setenv("MUON_OFFLOAD_REPLICATE", "off")
+    with reported(servers, set(shm_segments())):
+        m = TinyNet()
+        opt = OffloadMuon(m.named_parameters(), servers=socks, **KW)
+        train(m, opt, 2)
+        servers[0].kill()
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            with pytest.raises(ConnectionLost, match="no --snapshot: the momentum it held"):
+                train(m, opt, 1, start=2)
+        assert not [w for w in seen if "which holds their replica" in str(w.message)]
+        assert replicas(socks[1]) == {} and status(socks[1]).get("parameters", []) == []
+        opt.close()
+
+
 def test_soak_owner_killed_at_random_moments_loses_no_step(tmpdir_private):
     shm_before = set(shm_segments())
     socks, servers = relayed_pool(tmpdir_private)
