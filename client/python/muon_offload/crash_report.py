@@ -71,8 +71,8 @@ def lost_steps_report(servers: Sequence[str],
         steps = snapshot_steps(path)
         if steps is None:
             lines.append(f"Server {endpoint}: lost; its snapshot {path} is not on disk here "
-                         "(none written yet, or on another host): resume from your last "
-                         "trainer checkpoint.")
+                         "or not one this package reads (none written yet, on another host, or "
+                         "cut short): resume from your last trainer checkpoint.")
             continue
         held = {n: s for n, s in steps.items() if n in last_steps}
         if not held:

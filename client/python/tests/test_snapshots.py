@@ -136,3 +136,40 @@ def test_snapshot_every_needs_a_path(tmpdir_private):
     with pytest.raises(RuntimeError) as e:
         Server(str(tmpdir_private / "bad.sock"), ["--snapshot-every", "3"])
     assert "--snapshot-every 3 needs --snapshot PATH" in str(e.value)
+
+
+def test_the_crash_report_says_what_each_lost_server_keeps(tmpdir_private):
+    """lost_steps_report, line by line: no --snapshot, a snapshot not on disk, one holding the
+    optimizer's step (nothing lost), one behind (steps counted), a file that is not ours, and a
+    server still connected (not mentioned)."""
+    from muon_offload.crash_report import lost_steps_report, snapshot_steps
+
+    def snapshot(path, steps):
+        header = json.dumps({"__metadata__": dict(
+            {"format": "muon-offload-momentum", "version": "1"},
+            **{f"step:{n}": str(s) for n, s in steps.items()})}).encode()
+        path.write_bytes(struct.pack("<Q", len(header)) + header)
+        return str(path)
+
+    at7 = snapshot(tmpdir_private / "a.safetensors", {"w": 7, "v": 7})
+    at4 = snapshot(tmpdir_private / "b.safetensors", {"w": 4, "u": 9})
+    junk = tmpdir_private / "junk"
+    junk.write_bytes(b"\xff" * 64)
+    assert snapshot_steps(at4) == {"w": 4, "u": 9}
+    assert snapshot_steps(str(junk)) is None and snapshot_steps(str(tmpdir_private / "x")) is None
+    missing = str(tmpdir_private / "none.safetensors")
+    report = lost_steps_report(
+        ["s0", "s1", "s2", "s3", "s4", "s5"],
+        [(True, ("", 0)), (True, (missing, 5)), (True, (at7, 2)), (True, (at4, 0)),
+         (True, (str(junk), 1)), (False, (at4, 1))],
+        {"w": 7, "v": 7})
+    lines = report.splitlines()
+    assert len(lines) == 5, report
+    assert lines[0].startswith("Server s0: lost, with no --snapshot: the momentum it held is gone")
+    assert lines[1].startswith(f"Server s1: lost; its snapshot {missing} is not on disk here")
+    assert lines[2].startswith(f"Server s2: lost; its snapshot {at7} holds step 7 of its 2 "
+                               "parameter(s), this optimizer's last step: no step lost")
+    assert lines[3].startswith(f"Server s3: lost; its snapshot {at4} holds step 4 of its 1 "
+                               "parameter(s), this optimizer is at step 7: the momentum of 3 "
+                               "step(s) (5..7) is lost. To resume")
+    assert lines[4].startswith("Server s4: lost; its snapshot") and "not on disk" in lines[4]
