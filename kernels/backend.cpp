@@ -29,8 +29,10 @@ void transpose_scaled(const float* src, float* dst, int64_t rows, int64_t cols, 
 }
 
 // Calibration of NsAlgorithm::automatic: each candidate's time for one m x n block of Gaussian
-// values (fixed seed), the least over kRounds interleaved rounds after a warm-up run (workspaces,
-// thread pools). Blocks above kNsTimedFlops are not timed (ns_model_flops decides).
+// values (fixed seed), ns_paired_times over kNsCalibrationRounds rounds after a warm-up round
+// (workspaces, thread pools); every round runs each candidate once, in reverse order every other
+// round so that load drifting during a round favours none. Blocks above kNsTimedFlops are not
+// timed (ns_model_flops decides). Batching's times are the least of kRounds rounds.
 constexpr int kRounds = 3;
 
 double nominal_flops(int64_t m, int64_t n, size_t steps) {
@@ -76,17 +78,22 @@ std::vector<NsMeasurement> measure_candidates(const std::vector<NsAlgorithm>& ca
                                               int64_t m, int64_t n, Run&& run) {
   const std::vector<float> input = calibration_input(1, m, n);
   std::vector<float> x(input.size());
-  std::vector<NsMeasurement> out;
-  for (NsAlgorithm a : candidates) out.push_back({a, INFINITY});
-  for (int round = -1; round < kRounds; ++round) {
-    for (auto& c : out) {
+  std::vector<std::vector<double>> rounds;
+  for (int round = -1; round < kNsCalibrationRounds; ++round) {
+    std::vector<double> times(candidates.size());
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      const size_t c = round % 2 == 0 ? i : candidates.size() - 1 - i;
       std::copy(input.begin(), input.end(), x.begin());
       const auto t = std::chrono::steady_clock::now();
-      run(c.algorithm, x.data());
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-      if (round >= 0) c.seconds = std::min(c.seconds, std::max(s, 1e-9));
+      run(candidates[c], x.data());
+      times[c] = std::max(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count(), 1e-9);
     }
+    if (round >= 0) rounds.push_back(std::move(times));
   }
+  const std::vector<double> seconds = ns_paired_times(rounds);
+  std::vector<NsMeasurement> out;
+  for (size_t c = 0; c < candidates.size(); ++c) out.push_back({candidates[c], seconds[c]});
   return out;
 }
 

@@ -4,6 +4,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -139,6 +140,33 @@ std::vector<NsAlgorithm> ns_auto_candidates(std::string_view backend, Precision 
   out.push_back(NsAlgorithm::syrk);
   if (precision == Precision::fp32 && gram_restart >= 1 && gram_restart <= 2) {
     out.push_back(NsAlgorithm::gram);
+  }
+  return out;
+}
+
+std::vector<double> ns_paired_times(const std::vector<std::vector<double>>& rounds) {
+  if (rounds.empty() || rounds.front().empty()) {
+    throw InvalidArgument("ns_paired_times: no calibration rounds");
+  }
+  const size_t count = rounds.front().size();
+  double least_first = INFINITY;
+  for (const auto& r : rounds) {
+    if (r.size() != count) throw InvalidArgument("ns_paired_times: rounds of different lengths");
+    for (double t : r) {
+      if (!(t > 0.0) || !std::isfinite(t)) {
+        throw InvalidArgument("ns_paired_times: a time is not a positive number");
+      }
+    }
+    least_first = std::min(least_first, r.front());
+  }
+  std::vector<double> out(count);
+  std::vector<double> ratios(rounds.size());
+  for (size_t c = 0; c < count; ++c) {
+    for (size_t r = 0; r < rounds.size(); ++r) ratios[r] = rounds[r][c] / rounds[r].front();
+    std::sort(ratios.begin(), ratios.end());
+    const size_t h = ratios.size() / 2;
+    const double median = ratios.size() % 2 == 1 ? ratios[h] : 0.5 * (ratios[h - 1] + ratios[h]);
+    out[c] = least_first * median;
   }
   return out;
 }

@@ -32,13 +32,26 @@ namespace muon {
 std::vector<NsAlgorithm> ns_auto_candidates(std::string_view backend, Precision precision,
                                             int gram_restart);
 
-/// One candidate's time for one block, in seconds (the least of a few calibration runs), or,
-/// `modeled`, its ns_model_flops (blocks too heavy to time at start-up).
+/// One candidate's time for one block, in seconds (ns_paired_times over a few calibration
+/// rounds), or, `modeled`, its ns_model_flops (blocks too heavy to time at start-up).
 struct NsMeasurement {
   NsAlgorithm algorithm;
   double seconds;
   bool modeled = false;
 };
+
+/// Calibration rounds of ns_paired_times (odd: a median of that many ratios), after a warm-up.
+inline constexpr int kNsCalibrationRounds = 5;
+
+/// The candidates' times from `rounds[r][c]`, the seconds of candidate c in round r (each round
+/// times every candidate once, back to back): the least time of candidate 0 (plain) times the
+/// median over rounds of candidate c's time over candidate 0's in the same round. On a loaded
+/// machine two runs back to back see about the same load, so their ratio is steadier than the
+/// least times (measured 2026-12-02 on 2 shared cores: gram 230 ms against syrk 236 ms by least
+/// times for a 768x2304 block whose gram runs ~20 % faster than syrk in the benchmark). Pure.
+/// Throws InvalidArgument for no rounds, rounds of different lengths or a time that is not
+/// finite and positive.
+std::vector<double> ns_paired_times(const std::vector<std::vector<double>>& rounds);
 
 /// The products one block's Newton-Schulz runs, in GEMM-equivalent flops (an ssyrk counted at
 /// its own m^2 k, half of the sgemm it replaces), for the wide m x n block:

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -80,6 +81,38 @@ TEST(NsChoice, BadTimesAreAClearError) {
   EXPECT_THROW(choose_ns_algorithm({}), InvalidArgument);
   EXPECT_THROW(choose_ns_algorithm(times(0.01, -1.0, 0.01)), InvalidArgument);
   EXPECT_THROW(choose_ns_algorithm(times(0.01, 0.01, NAN)), InvalidArgument);
+}
+
+TEST(NsChoice, PairedTimesFollowTheRatiosOfRunsBackToBack) {
+  // True times plain 100, syrk 80, gram 70 ms; each round's load multiplies all three (x1 to x3).
+  // By least times per candidate, a quiet round for gram and loaded ones for syrk can invert
+  // them; the paired estimate keeps each round's ratios.
+  const std::vector<std::vector<double>> steady = {
+      {0.100, 0.080, 0.070}, {0.200, 0.160, 0.140}, {0.150, 0.120, 0.105}, {0.300, 0.240, 0.210},
+      {0.120, 0.096, 0.084}};
+  const auto t = ns_paired_times(steady);
+  ASSERT_EQ(t.size(), 3u);
+  EXPECT_NEAR(t[0], 0.100, 1e-12);
+  EXPECT_NEAR(t[1], 0.080, 1e-12);
+  EXPECT_NEAR(t[2], 0.070, 1e-12);
+  // Load changing inside rounds: syrk caught once in a quiet moment (round 2: 0.060), gram once
+  // in a loaded one (round 4: 0.200). Least times would say syrk 60 < gram 70 ms; the median
+  // ratio says syrk 80, gram 70 ms: gram.
+  const std::vector<std::vector<double>> noisy = {
+      {0.100, 0.080, 0.070}, {0.200, 0.160, 0.140}, {0.150, 0.060, 0.105}, {0.300, 0.240, 0.210},
+      {0.120, 0.096, 0.200}};
+  const auto u = ns_paired_times(noisy);
+  EXPECT_NEAR(u[1], 0.080, 1e-12);
+  EXPECT_NEAR(u[2], 0.070, 1e-12);
+  const std::vector<NsMeasurement> chosen = {
+      {NsAlgorithm::plain, u[0]}, {NsAlgorithm::syrk, u[1]}, {NsAlgorithm::gram, u[2]}};
+  EXPECT_EQ(choose_ns_algorithm(chosen).algorithm, NsAlgorithm::gram);
+  // An even count of rounds: the mean of the two middle ratios.
+  EXPECT_NEAR(ns_paired_times({{0.1, 0.08}, {0.1, 0.06}})[1], 0.07, 1e-12);
+  EXPECT_THROW(ns_paired_times({}), InvalidArgument);
+  EXPECT_THROW(ns_paired_times({{0.1, 0.2}, {0.1}}), InvalidArgument);
+  EXPECT_THROW(ns_paired_times({{0.1, 0.0}}), InvalidArgument);
+  EXPECT_THROW(ns_paired_times({{0.1, NAN}}), InvalidArgument);
 }
 
 TEST(NsChoiceTable, MeasuresOncePerKeyInMemory) {
