@@ -258,11 +258,14 @@ def test_two_ranks_one_behind_a_relay_one_straight_to_the_owner_lose_no_step(tmp
                 wait_for(lambda: all(n in replicas(socks[buddy]) for n in MUON),
                          f"the replicas back on server {buddy}")
             (tmpdir_private / "stop").write_text("")
-            for _ in range(24):  # a hang guard: a rank stuck in a collective never returns
+            # A hang guard (a rank stuck in a collective never returns), with time for the
+            # in-process reference of every step the soak took (50 kills: ~14000 steps).
+            for _ in range(24 + 4 * KILLS):
                 if ctx.join(timeout=5):
                     break
             else:
-                raise AssertionError("the ranks did not finish within 120 s (a hang)")
+                raise AssertionError(f"the ranks did not finish within {120 + 20 * KILLS} s "
+                                     "(a hang)")
         finally:
             for p in ctx.processes:
                 if p.is_alive():
