@@ -221,8 +221,7 @@ transport::Frame Connection::wait_reply_until(uint32_t id, const std::string& wh
   replies_.erase(id);
   if (r.error) {
     throw ServerError("muon-offloadd at '" + path_ + "' refused " + what + ": " + r.error->message,
-                      transport::error_code(*r.error), r.error->param, r.error->step,
-                      r.error->rank);
+                      r.error->code, r.error->param, r.error->step, r.error->rank);
   }
   if (!r.done) throw_lost(what);
   return std::move(r.frame);
@@ -436,8 +435,8 @@ bool Connection::take_update(const std::string& name, int64_t step,
            !lost_.empty();
   });
   if (const auto* e = error_for()) {
-    ServerError err("muon-offloadd at '" + path_ + "': " + e->message, transport::error_code(*e),
-                    e->param, e->step, e->rank);
+    ServerError err("muon-offloadd at '" + path_ + "': " + e->message, e->code, e->param, e->step,
+                    e->rank);
     p.errors.clear();
     // The caller now knows this step failed; what it pushes for the step from here on is a
     // new try, and the server must not add it to chunks of the failed one still in flight.
@@ -481,8 +480,8 @@ std::vector<float> Connection::fetch_momentum(const std::string& name, int64_t n
   const bool ok = cv_.wait_until(
       lk, deadline(), [&] { return p.momentum_ready || p.errors.count(-1) || !lost_.empty(); });
   if (auto e = p.errors.find(-1); e != p.errors.end()) {
-    ServerError err("muon-offloadd at '" + path_ + "': " + e->second.message,
-                    transport::error_code(e->second), name, -1, -1);
+    ServerError err("muon-offloadd at '" + path_ + "': " + e->second.message, e->second.code, name,
+                    -1, -1);
     p.errors.erase(e);
     throw err;
   }
@@ -547,7 +546,7 @@ void Connection::reader_loop() {
       if (!closing_ && !abandoned_) on_lost = error_callback_;
       reason = lost_;
     }
-    if (on_lost) on_lost({"peer_lost", reason, "", -1, -1});
+    if (on_lost) on_lost({ErrorCode::peer_lost, reason, "", -1, -1});
     return;
   }
 }
@@ -579,7 +578,7 @@ void Connection::handle(transport::Frame f) {
         } else {
           params_[e.param].errors.emplace(e.step, e);  // the first error of a step is its cause
         }
-      } else if (transport::error_code(e) == ErrorCode::peer_lost && e.rank >= 0) {
+      } else if (e.code == ErrorCode::peer_lost && e.rank >= 0) {
         // A rank of this job was lost (between steps too): said now, whatever the trainer is
         // blocked in; a step that needs the rank fails with its own error.
         std::fprintf(stderr, "muon-offload: server '%s': %s\n", path_.c_str(), e.message.c_str());
@@ -587,8 +586,7 @@ void Connection::handle(transport::Frame f) {
       } else {
         // Not about one parameter (shutdown, protocol): every waiter should see it.
         for (auto& [name, p] : params_) p.errors[-1] = e;
-        if (transport::error_code(e) == ErrorCode::shutdown && lost_.empty())
-          lost_ = "server shutting down";
+        if (e.code == ErrorCode::shutdown && lost_.empty()) lost_ = "server shutting down";
       }
       break;
     }

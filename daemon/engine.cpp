@@ -211,7 +211,7 @@ void Engine::shutdown(std::function<void()> done) {
     if (const auto dropped = p.steps.drop()) {
       const int64_t step = dropped->step;
       report_dropped(p,
-                     {"shutdown",
+                     {ErrorCode::shutdown,
                       "server shutting down: step " + std::to_string(step) + " of '" + name +
                           "' aborted, momentum untouched",
                       name, step, -1},
@@ -236,7 +236,7 @@ void Engine::maybe_finish_shutdown() {
     if (auto s = w.lock()) open.push_back(s);
   }
   for (auto& s : open) {
-    s->send_error({"shutdown", "server shutting down", "", -1, -1});
+    s->send_error({ErrorCode::shutdown, "server shutting down", "", -1, -1});
     s->close("server shutdown");
   }
   scheduler_.stop();

@@ -232,8 +232,9 @@ Metrics::Metrics(const std::string& version, const std::string& backend, int ser
     returned_.chunks[i] = &chunks_returned_.Add({{"kind", kind_label(i)}});
     returned_.bytes[i] = &bytes_returned_.Add({{"kind", kind_label(i)}});
   }
-  for (const char* code : {"bad_request", "timeout", "peer_lost", "non_finite"}) {
-    cached(errors_, errors_by_, "code", code);
+  for (const ErrorCode code :
+       {ErrorCode::bad_request, ErrorCode::timeout, ErrorCode::peer_lost, ErrorCode::non_finite}) {
+    cached(errors_, errors_by_, "code", std::string(error_code_name(code)));
   }
   for (const char* outcome : {"applied", "skipped", "refused"}) {
     cached(steps_, steps_by_, "outcome", outcome);
@@ -298,8 +299,8 @@ void Metrics::step_report(const transport::StepReport& report, int rank) {
   reported_bytes_.Increment(static_cast<double>(report.bytes_pushed));
 }
 
-void Metrics::error(const std::string& code) {
-  cached(errors_, errors_by_, "code", code.empty() ? std::string("unknown") : code).Increment();
+void Metrics::error(ErrorCode code) {
+  cached(errors_, errors_by_, "code", std::string(error_code_name(code))).Increment();
 }
 
 void Metrics::health(const std::string& name, const NumericHealth& h) {

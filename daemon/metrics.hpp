@@ -61,7 +61,7 @@ class Metrics {
   /// A step report of compute rank `rank` (the time it waited for its updates).
   void step_report(const transport::StepReport& report, int rank);
   /// An error sent to a client (or to every rank of a parameter, counted once), by code.
-  void error(const std::string& code);
+  void error(ErrorCode code);
   /// A numeric-health sample of parameter `name`.
   void health(const std::string& name, const NumericHealth& h);
 

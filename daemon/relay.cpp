@@ -104,12 +104,12 @@ std::string Relay::describe(int id) const {
 ErrorMsg Relay::error_of(const std::exception& e, int owner, const std::string& name,
                          int64_t step) const {
   if (const auto* se = dynamic_cast<const client::ServerError*>(&e)) {
-    return {std::string(error_code_name(se->code)), "owner " + describe(owner) + ": " + se->message(),
-            name, step, -1};
+    return {se->code, "owner " + describe(owner) + ": " + se->message(), name, step, -1};
   }
   const auto* me = dynamic_cast<const Error*>(&e);
   const std::string what = me ? me->message() : e.what();
-  const std::string code = dynamic_cast<const client::Timeout*>(&e) ? "timeout" : "peer_lost";
+  const ErrorCode code =
+      dynamic_cast<const client::Timeout*>(&e) ? ErrorCode::timeout : ErrorCode::peer_lost;
   return {code,
           "relay " + describe(config_.server_id) + " cannot reach owner " + describe(owner) +
               " of '" + name + "': " + what,
@@ -295,7 +295,7 @@ void Relay::watch(const std::shared_ptr<client::Connection>& conn, int owner) {
           RelayStep st = sub.prototype;
           st.step = -1;
           st.unasked = true;
-          st.error = ErrorMsg{"peer_lost",
+          st.error = ErrorMsg{ErrorCode::peer_lost,
                               "relay " + describe(config_.server_id) + " lost owner " +
                                   describe(owner) + " of '" + name + "': " + error.message,
                               name, -1, -1};

@@ -21,10 +21,10 @@ bool same_bits(double a, double b) {
 }
 
 // Records a refused step: no update, momentum untouched (never committed).
-void fail(NsJob& job, std::string code, std::string message) {
+void fail(NsJob& job, ErrorCode code, std::string message) {
   job.applied = false;
   job.update.clear();
-  job.error_code = std::move(code);
+  job.error_code = code;
   job.error = std::move(message);
 }
 
@@ -35,13 +35,14 @@ bool guarded(NsJob& job, F&& f) {
     f();
     return true;
   } catch (const NonFiniteError& e) {
-    fail(job, "non_finite", e.what());
+    fail(job, ErrorCode::non_finite, e.what());
   } catch (const InvalidArgument& e) {
-    fail(job, "bad_request", e.what());
+    fail(job, ErrorCode::bad_request, e.what());
   } catch (const std::exception& e) {
-    fail(job, "backend", e.what());
+    fail(job, ErrorCode::backend, e.what());
   } catch (...) {
-    fail(job, "backend", "parameter '" + job.name + "': unknown exception from the backend");
+    fail(job, ErrorCode::backend,
+         "parameter '" + job.name + "': unknown exception from the backend");
   }
   return false;
 }
@@ -157,7 +158,7 @@ void Scheduler::run() {
 
 void Scheduler::run_alone(NsJob& job) {
   job.error.clear();
-  job.error_code.clear();
+  job.error_code = ErrorCode::none;
   NsJob* one[] = {&job};
   const auto t0 = std::chrono::steady_clock::now();
   const bool ok = guarded(job, [&] {
@@ -221,7 +222,7 @@ void Scheduler::run_group(std::vector<NsJob>& jobs) {
   for (const NsJob* j : batch) total += j->shape.numel();
   for (NsJob* j : batch) {
     j->error.clear();
-    j->error_code.clear();
+    j->error_code = ErrorCode::none;
     j->applied = applied;
     j->compute_seconds =
         seconds * static_cast<double>(j->shape.numel()) / static_cast<double>(total);

@@ -8,7 +8,7 @@
 // call that fails runs each of its jobs alone, so that only the bad one fails and every error
 // names its own parameter; a refused step (StepRunner::run threw) leaves the momentum untouched
 // (it was stepped in scratch, and never committed) and maps its exception to a code:
-// NonFiniteError "non_finite", InvalidArgument "bad_request", anything else "backend"; a skipped
+// NonFiniteError non_finite, InvalidArgument bad_request, anything else backend; a skipped
 // step (policy skip) is committed with applied = false.
 #pragma once
 
@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/error_code.hpp"
 #include "daemon/device_plane.hpp"
 #include "daemon/numeric_health.hpp"
 #include "daemon/step/step_runner.hpp"
@@ -42,7 +43,7 @@ struct NsJob {
   bool applied = false;        ///< out: false when skipped by the non-finite policy
   std::string error;           ///< out: non-empty when the backend refused the step (the
                                ///< momentum is then untouched)
-  std::string error_code;      ///< out: "non_finite", "bad_request", "backend"
+  ErrorCode error_code = ErrorCode::none;  ///< out: non_finite, bad_request, backend
   bool sample_health = false;  ///< in: measure the update's numeric health (numeric_health.hpp)
   std::optional<NumericHealth> health;  ///< out: set when sampled and the step was applied
   /// GPU data plane: the parameter's device buffers (grad, momentum and update live there; the

@@ -96,7 +96,7 @@ void Session::poll_gate() {
 
 void Session::protocol_failed(const transport::ProtocolError& e) {
   // The byte stream can no longer be trusted: tell the client why, then drop it.
-  send_error({"protocol", e.message(), "", -1, -1});
+  send_error({ErrorCode::protocol, e.message(), "", -1, -1});
   close(e.message());
 }
 
@@ -202,7 +202,7 @@ bool Session::send_chunk_direct(transport::Update msg, const SlotWrite& write) {
 void Session::data_plane_failed(const std::string& what) {
   if (closing_ || closed_) return;  // already ending (a later transfer failing the same way)
   // The client may already wait for bytes that will never come: end the session, say why.
-  send_error({"data_plane", "the session's data plane failed: " + what, "", -1, rank});
+  send_error({ErrorCode::data_plane, "the session's data plane failed: " + what, "", -1, rank});
   close("data plane failed: " + what);
 }
 

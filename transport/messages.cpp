@@ -237,10 +237,6 @@ MuonOptions options_from_json(const std::string& s) {
   return read_options(j, "options");
 }
 
-ErrorCode error_code(const ErrorMsg& e) {
-  return error_code_from_name(e.code).value_or(ErrorCode::internal);
-}
-
 // ---- encode ----
 std::string encode(const Hello& m) {
   json j{{"rank", m.rank}, {"world_size", m.world_size}, {"client", m.client}};
@@ -307,9 +303,8 @@ std::string encode(const Update& m) {
       .dump();
 }
 std::string encode(const ErrorMsg& m) {
-  const auto known = error_code_from_name(m.code);
-  return json{{"code", m.code},
-              {"code_id", static_cast<int>(known.value_or(ErrorCode::internal))},
+  return json{{"code", std::string(error_code_name(m.code))},
+              {"code_id", static_cast<int>(m.code)},
               {"message", m.message},
               {"param", m.param},
               {"step", m.step},
@@ -495,12 +490,13 @@ template <>
 ErrorMsg decode<ErrorMsg>(const std::string& p) {
   Reader r(p, "error");
   ErrorMsg m;
-  m.code = r.str("code", 64);
+  const std::string name = r.str("code", 64);
+  const auto named = error_code_from_name(name);
+  m.code = named.value_or(ErrorCode::internal);
   if (r.has("code_id")) {
     const auto id = static_cast<int>(r.i64("code_id", 0, 1 << 20));
-    const auto named = error_code_from_name(m.code);
     if (named && error_code_from_int(id) && static_cast<int>(*named) != id) {
-      r.fail("field 'code_id' = " + std::to_string(id) + " is not the code '" + m.code + "' (" +
+      r.fail("field 'code_id' = " + std::to_string(id) + " is not the code '" + name + "' (" +
              std::to_string(static_cast<int>(*named)) + ")");
     }
   }

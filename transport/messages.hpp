@@ -216,19 +216,17 @@ struct Update {
   bool applied = true;  ///< false when the step was skipped (non-finite policy skip): zeros
 };
 
-/// On the wire as {"code": name, "code_id": integer} (core/error_code.hpp); code_id is optional
-/// when decoding (a peer that predates it) and must name the same code as `code` when both are
-/// known to this build.
+/// On the wire as {"code": name, "code_id": integer} (core/error_code.hpp: error_code_name is the
+/// one spelling); code_id is optional when decoding (a peer that predates it) and must name the
+/// same code as `code` when both are known to this build. A name this build does not know (a
+/// newer peer's) decodes as ErrorCode::internal.
 struct ErrorMsg {
-  std::string code;     ///< an ErrorCode's name: "bad_request", "peer_lost", "timeout", ...
+  ErrorCode code = ErrorCode::internal;  ///< why: bad_request, peer_lost, timeout, ...
   std::string message;  ///< readable, names the parameter / rank involved
   std::string param;    ///< empty when not about one parameter
   int64_t step = -1;
   int rank = -1;  ///< the rank the error is about (a lost peer), -1 when none
 };
-
-/// The ErrorCode `e.code` names; ErrorCode::internal for a name this build does not know.
-ErrorCode error_code(const ErrorMsg& e);
 
 struct SnapshotRequest {
   std::string path;  ///< empty: the server's configured snapshot path

@@ -28,8 +28,8 @@ void Engine::return_update(Param& p, NsJob& job, bool upload, int only_rank) {
   } catch (const std::exception& e) {  // a CUDA copy failed: tell the ranks, keep serving
     log()->error("parameter '{}' step {}: returning the update failed: {}", job.name, job.step,
                  e.what());
-    metrics_.error("backend");
-    broadcast(p, {"backend",
+    metrics_.error(ErrorCode::backend);
+    broadcast(p, {ErrorCode::backend,
                   "returning the update of '" + job.name + "' step " + std::to_string(job.step) +
                       " failed: " + e.what(),
                   job.name, job.step, -1});

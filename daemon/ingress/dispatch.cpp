@@ -65,18 +65,18 @@ void Engine::on_frame(const SessionPtr& s, Frame f) {
                                        transport::message_type_name(f.type) + " from a client");
     }
   } catch (const NonFiniteError& e) {
-    reply_error(s, {"non_finite", e.message(), "", -1, -1}, f.request_id);
+    reply_error(s, {ErrorCode::non_finite, e.message(), "", -1, -1}, f.request_id);
   } catch (const transport::ProtocolError& e) {
     log()->warn("session {} (rank {}): bad request: {}", s->id(), s->rank, e.message());
-    reply_error(s, {"bad_request", e.message(), "", -1, -1}, f.request_id);
+    reply_error(s, {ErrorCode::bad_request, e.message(), "", -1, -1}, f.request_id);
     // A TCP peer that has not said a valid hello gets one answer, then the door.
     if (s->tcp && s->rank < 0) s->close("bad request before hello");
   } catch (const InvalidArgument& e) {
     log()->warn("session {} (rank {}): bad request: {}", s->id(), s->rank, e.message());
-    reply_error(s, {"bad_request", e.message(), "", -1, -1}, f.request_id);
+    reply_error(s, {ErrorCode::bad_request, e.message(), "", -1, -1}, f.request_id);
   } catch (const Error& e) {
     log()->error("session {} (rank {}): {}", s->id(), s->rank, e.what());
-    reply_error(s, {"server", e.message(), "", -1, -1}, f.request_id);
+    reply_error(s, {ErrorCode::server, e.message(), "", -1, -1}, f.request_id);
   }
 }
 

@@ -28,7 +28,7 @@ bool Engine::open_data_plane(const SessionPtr& s, const transport::Hello& m, tra
     const char* plane = transport::data_plane_name(m.data_plane);
     if (!device_) {
       reply_error(s,
-                  {"unsupported",
+                  {ErrorCode::unsupported,
                    std::string("data plane ") + plane +
                        " needs a server on the CUDA backend with its GPU data plane (this one "
                        "runs the " +
@@ -46,7 +46,7 @@ bool Engine::open_data_plane(const SessionPtr& s, const transport::Hello& m, tra
                   ? device_->make_nccl_session(l.tx_slots, l.rx_slots, l.slot_bytes)
                   : device_->make_session_rings(l.tx_slots, l.rx_slots, l.slot_bytes);
     } catch (const BackendUnavailable& e) {
-      reply_error(s, {"unsupported", e.message(), "", -1, m.rank}, request_id);
+      reply_error(s, {ErrorCode::unsupported, e.message(), "", -1, m.rank}, request_id);
       return false;
     }
     // Chunks that waited for a credit: their element size says their dtype (2: bf16).
@@ -79,8 +79,9 @@ bool Engine::open_data_plane(const SessionPtr& s, const transport::Hello& m, tra
                 return;
               }
               log()->warn("session {}: NCCL join failed: {}", ss->id(), error);
-              ss->send_error({"nccl", "joining the session's NCCL communicators failed: " + error,
-                              "", -1, ss->rank});
+              ss->send_error({ErrorCode::nccl,
+                              "joining the session's NCCL communicators failed: " + error, "", -1,
+                              ss->rank});
               ss->close("nccl join failed");
             });
           });
@@ -117,8 +118,8 @@ void Engine::on_hello(const SessionPtr& s, const Frame& f) {
     log()->warn("session {}: refused a TCP hello of rank {}: wrong or missing token", s->id(),
                 m.rank);
     reply_error(s,
-                {"unauthorized", "hello over TCP needs the server's token (--auth-token-file)", "",
-                 -1, m.rank},
+                {ErrorCode::unauthorized,
+                 "hello over TCP needs the server's token (--auth-token-file)", "", -1, m.rank},
                 f.request_id);
     s->close("unauthorized");
     return;

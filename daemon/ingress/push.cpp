@@ -145,9 +145,9 @@ void Engine::on_push(const SessionPtr& s, const Frame& f) {
               Contribution{values.data(), TileDType::f32, false, m.count});
     metrics_.chunk_received(m.kind, bytes);
   } catch (const StepMismatch& e) {  // already applied, or a gap: the client may tell them apart
-    reply_error(s, {"step_mismatch", e.message(), m.name, m.step, s->rank}, f.request_id);
+    reply_error(s, {ErrorCode::step_mismatch, e.message(), m.name, m.step, s->rank}, f.request_id);
   } catch (const InvalidArgument& e) {
-    reply_error(s, {"bad_request", e.message(), m.name, m.step, s->rank}, f.request_id);
+    reply_error(s, {ErrorCode::bad_request, e.message(), m.name, m.step, s->rank}, f.request_id);
   }
 }
 
@@ -171,7 +171,7 @@ void Engine::on_commit(const SessionPtr& s, const Frame& f) {
     reducer->commit(s->rank);
     if (reducer->complete()) start_compute(m.name, p);
   } catch (const InvalidArgument& e) {
-    reply_error(s, {"bad_request", e.message(), m.name, m.step, s->rank}, f.request_id);
+    reply_error(s, {ErrorCode::bad_request, e.message(), m.name, m.step, s->rank}, f.request_id);
   }
 }
 

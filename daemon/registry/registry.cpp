@@ -146,9 +146,10 @@ void Engine::complete_registration(const std::string& name, Param& p) {
   try {
     p.layout.emplace(p.pending->finish(/*partial=*/!p.role->keeps_momentum_here()));
   } catch (const InvalidArgument& e) {
-    metrics_.error("bad_request");
+    metrics_.error(ErrorCode::bad_request);
     for (auto& [w, req] : waiting) {
-      if (auto ws = w.lock()) ws->send_error({"bad_request", e.message(), name, -1, -1}, req);
+      if (auto ws = w.lock())
+        ws->send_error({ErrorCode::bad_request, e.message(), name, -1, -1}, req);
     }
     params_.erase(name);
     return;

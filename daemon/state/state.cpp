@@ -52,7 +52,7 @@ void Engine::request_snapshot(const SessionPtr& s, const std::string& path, uint
                    auto ws = w.lock();
                    if (!error.empty()) {
                      log()->error("{}", error);
-                     if (ws) reply_error(ws, {"snapshot", error, "", -1, -1}, request_id);
+                     if (ws) reply_error(ws, {ErrorCode::snapshot, error, "", -1, -1}, request_id);
                      return;
                    }
                    last_snapshot_path_ = path;
@@ -112,7 +112,7 @@ void Engine::collect_periodic(const std::string& name, Param& p) {
                    if (!alive.lock()) return;
                    if (!error.empty()) {
                      log()->error("periodic snapshot of step {} failed: {}", step, error);
-                     metrics_.error("snapshot");
+                     metrics_.error(ErrorCode::snapshot);
                      return;
                    }
                    last_snapshot_path_ = config_.snapshot_path;
@@ -180,7 +180,7 @@ void Engine::on_state_fetch(const SessionPtr& s, const Frame& f) {
     }
   } catch (const InvalidArgument& e) {
     // Named after the parameter, so that only this fetch fails on the client.
-    reply_error(s, {"bad_request", e.message(), m.name, -1, s->rank}, f.request_id);
+    reply_error(s, {ErrorCode::bad_request, e.message(), m.name, -1, s->rank}, f.request_id);
     return;
   }
   pp->role->fetch_momentum(s, m.name, *pp, f.request_id);

@@ -25,7 +25,7 @@ StepReducer* Engine::start_gathering(const SessionPtr& s, const transport::Push&
   // A step that needs a lost rank can never complete: say so now, not at the timeout.
   for (const auto& [lost, what] : lost_ranks_) {
     if (contributes(*p.layout, lost)) {
-      reply_error(s, {"peer_lost",
+      reply_error(s, {ErrorCode::peer_lost,
                       what + "; step " + std::to_string(m.step) + " of '" + m.name +
                           "' cannot complete until it reconnects",
                       m.name, m.step, lost});
@@ -67,8 +67,8 @@ void Engine::finish_relayed(RelayStep step) {
   }
   // The owner consumed a refused step (non-finite, backend) as its own; a dropped one (a lost
   // peer, a timeout) may be pushed again.
-  const bool consumed =
-      !step.error || step.error->code == "non_finite" || step.error->code == "backend";
+  const bool consumed = !step.error || step.error->code == ErrorCode::non_finite ||
+                        step.error->code == ErrorCode::backend;
   if (!step.unasked) {  // the answer to this relay's forward
     p.steps.finish(step.step, consumed);
     p.grad = std::move(step.grad);
@@ -112,7 +112,10 @@ void Engine::finish_jobs(std::vector<NsJob> jobs) {
     }
     auto held = std::make_shared<NsJob>(std::move(job));
     const bool refused = !held->error.empty();
-    const std::string outcome = refused ? held->error_code : held->applied ? "applied" : "skipped";
+    // A refused step's outcome on the wire is its code's name (ReplicaStore::seal).
+    const std::string outcome = refused         ? std::string(error_code_name(held->error_code))
+                                : held->applied ? "applied"
+                                                : "skipped";
     const float* update = refused ? nullptr : p.storage->host_update(*held);
     replicate_then(held->name, p, target, held->step, outcome, update, [this, held](Param& q) {
       q.steps.replicated();
@@ -170,9 +173,9 @@ void Engine::arm_timer(const std::string& name, Param& p) {
         msg += "; " + rank_name(rank) + "'s registration was refused: " + why;
       }
       log()->warn("{}", msg);
-      metrics_.error("timeout");
+      metrics_.error(ErrorCode::timeout);
       for (auto& [w, req] : q.waiting) {
-        if (auto ws = w.lock()) ws->send_error({"timeout", msg, name, -1, -1}, req);
+        if (auto ws = w.lock()) ws->send_error({ErrorCode::timeout, msg, name, -1, -1}, req);
       }
       return;
     }
@@ -180,7 +183,7 @@ void Engine::arm_timer(const std::string& name, Param& p) {
       const auto& missing = dropped->missing;
       report_dropped(
           q,
-          {"timeout",
+          {ErrorCode::timeout,
            "parameter '" + name + "' step " + std::to_string(dropped->step) + ": ranks " +
                ranks_text(missing, world_size_) + " did not commit within " + ms +
                " ms; partial step dropped, momentum untouched",
@@ -205,7 +208,7 @@ void Engine::tell_lost(const SessionPtr& lost, const std::string& what) {
   for (const auto& [rank, w] : ranks_) {
     auto s = w.lock();
     if (!s || s == lost || s->closed() || rank >= world_size_ || s->job != lost->job) continue;
-    s->send_error({"peer_lost", msg, "", -1, lost->rank});
+    s->send_error({ErrorCode::peer_lost, msg, "", -1, lost->rank});
   }
 }
 
@@ -243,7 +246,7 @@ void Engine::on_closed(const SessionPtr& s, const std::string& why) {
     const int64_t step = dropped->step;
     report_dropped(
         p,
-        {"peer_lost",
+        {ErrorCode::peer_lost,
          rank_name(rank) + " (" + s->client_name + ") " +
              (why == "goodbye" ? "left (goodbye)" : "was lost (" + why + ")") + " during step " +
              std::to_string(step) + " of '" + name + "'; partial step dropped, momentum untouched",

@@ -61,7 +61,7 @@ void Engine::note_buddy(int target, const std::string& error) {
                     ? "the steps since its last snapshot (at most " +
                           std::to_string(config_.snapshot_every) + ")"
                     : std::string("their momentum (no --snapshot-every)"));
-    metrics_.error("peer_lost");
+    metrics_.error(ErrorCode::peer_lost);
   } else if (error.empty() && down) {
     log()->warn("buddy {} holds this server's replicas again", replicator().describe(target));
   }
@@ -111,7 +111,8 @@ bool Engine::replaying(const Param& p, int64_t step) const {
 void Engine::send_replay(const std::string& name, Param& p, const SessionPtr& s) {
   const Replica& r = *p.replay;
   if (r.update.empty()) {  // a refused step: its error again
-    s->send_error({r.outcome,
+    // The outcome of a refused step is its code's name (as finish_jobs sealed it).
+    s->send_error({error_code_from_name(r.outcome).value_or(ErrorCode::internal),
                    "parameter '" + name + "' step " + std::to_string(r.step) +
                        " was refused by its owner (server " + std::to_string(r.source) +
                        ") before it was lost (" + r.outcome + "); the step is consumed",

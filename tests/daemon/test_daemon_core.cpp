@@ -1443,7 +1443,7 @@ TEST(Scheduler, OneNonFiniteJobInABatchFailsAlone) {
     EXPECT_TRUE(bitwise_equal(mom[1], mom_before[1]));
     EXPECT_FALSE(done[1].applied);
     if (policy == NonFinitePolicy::error) {
-      EXPECT_EQ(done[1].error_code, "non_finite");
+      EXPECT_EQ(done[1].error_code, ErrorCode::non_finite);
       EXPECT_CONTAINS(done[1].error, "'p1'");
       EXPECT_TRUE(done[1].update.empty());
     } else {
@@ -1485,15 +1485,15 @@ TEST(Scheduler, BackendRefusalLeavesMomentumUntouched) {
   jobs.back().step = 3;
   const auto done = run_batched(std::move(jobs));
   for (int i = 0; i < 2; ++i) {
-    EXPECT_EQ(done[i].error_code, "bad_request") << done[i].error;
+    EXPECT_EQ(done[i].error_code, ErrorCode::bad_request) << done[i].error;
     EXPECT_CONTAINS(done[i].error, "bf16");
     EXPECT_FALSE(done[i].applied);
     EXPECT_TRUE(bitwise_equal(mom[i], before[i]));
   }
-  EXPECT_EQ(done[2].error_code, "bad_request");
+  EXPECT_EQ(done[2].error_code, ErrorCode::bad_request);
   EXPECT_CONTAINS(done[2].error, "'short'");
   EXPECT_EQ(m3, std::vector<float>(24, 0.0f));
-  EXPECT_EQ(done[3].error_code, "bad_request");
+  EXPECT_EQ(done[3].error_code, ErrorCode::bad_request);
   EXPECT_CONTAINS(done[3].error, "'nomom'");
 }
 

@@ -245,7 +245,7 @@ TEST_F(DevicePlaneTest, NonFiniteGradientLeavesTheMomentumUntouched) {
     const NsJob job = run_step(red, *param, shape, o, 0);
     EXPECT_FALSE(job.applied);
     if (policy == NonFinitePolicy::error) {
-      EXPECT_EQ(job.error_code, "non_finite");
+      EXPECT_EQ(job.error_code, ErrorCode::non_finite);
       EXPECT_NE(job.error.find("'w'"), std::string::npos) << job.error;
     } else {
       EXPECT_TRUE(job.error.empty()) << job.error;
@@ -299,7 +299,7 @@ TEST_F(DevicePlaneTest, ABatchOfOneShapeIsBitwiseEachParameterAloneAndANonFinite
       std::vector<float> momentum(static_cast<size_t>(n)), update(static_cast<size_t>(n));
       plane_->read_momentum(*params[p], 0, n, momentum.data());
       if (refused) {
-        EXPECT_EQ(job.error_code, "non_finite") << job.error;
+        EXPECT_EQ(job.error_code, ErrorCode::non_finite) << job.error;
         EXPECT_NE(job.error.find("'p1'"), std::string::npos) << job.error;
         EXPECT_FALSE(job.applied);
         EXPECT_TRUE(bitwise_equal(momentum, ref_momentum[p]->download())) << "untouched";

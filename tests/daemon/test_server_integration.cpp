@@ -308,7 +308,7 @@ TEST(ServerIntegration, TcpControlPlaneNeedsTheToken) {
     const auto f = ServerProcess::roundtrip(tcp, frame(MessageType::hello, hello));
     ASSERT_EQ(f.type, static_cast<uint16_t>(MessageType::error)) << f.payload;
     const auto e = transport::decode<transport::ErrorMsg>(f.payload);
-    EXPECT_EQ(e.code, "unauthorized");
+    EXPECT_EQ(e.code, ErrorCode::unauthorized);
     EXPECT_NE(e.message.find(needle), std::string::npos) << e.message;
   };
   expect_refused(R"({"rank": 0, "world_size": 1})", "token");

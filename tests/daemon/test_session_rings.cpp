@@ -175,7 +175,7 @@ TEST(SessionRings, FailedWriteSendsAnErrorAndCloses) {
   EXPECT_EQ(frames[0].type, static_cast<uint16_t>(transport::MessageType::update));
   ASSERT_EQ(frames[1].type, static_cast<uint16_t>(transport::MessageType::error));
   const auto e = transport::decode<transport::ErrorMsg>(frames[1].payload);
-  EXPECT_EQ(e.code, "data_plane");
+  EXPECT_EQ(e.code, ErrorCode::data_plane);
   EXPECT_NE(e.message.find("ncclSend failed"), std::string::npos) << e.message;
 }
 

@@ -74,7 +74,7 @@ void write_frame_seeds(const fs::path& dir) {
       {"status", frame(MessageType::status, 7, "")},
       {"status_ok", frame(MessageType::status_ok, 7, R"({"sessions":1,"parameters":[]})")},
       {"error", frame(MessageType::error, 3,
-                      encode(ErrorMsg{"peer_lost", "rank 1 disconnected", "w", 7, 1}))},
+                      encode(ErrorMsg{ErrorCode::peer_lost, "rank 1 disconnected", "w", 7, 1}))},
       {"step_report", frame(MessageType::step_report, 0,
                             encode(StepReport{7, 1500000, 1 << 20, 12, "layers.3.mlp.fc"}))},
       {"options",

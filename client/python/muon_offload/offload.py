@@ -410,10 +410,7 @@ class OffloadMuon(MuonOptimizerBase):
                 "momentum back into the server) unless the restored snapshot holds exactly this "
                 "step (then reconnect() finds nothing stale and step() goes on).") from None
         msg = str(e)
-        # The cause code step_mismatch; the message text for servers that send it as bad_request.
-        if isinstance(e, _native.StepMismatch) or (
-                isinstance(e, _native.ServerError) and ("already applied" in msg or
-                                                        "step gap" in msg)):
+        if isinstance(e, _native.StepMismatch):  # by its cause code, step_mismatch
             raise e.with_message(
                 f"{msg}\nThe server's step for this parameter does not follow this optimizer's: "
                 "it holds state from another run (use a fresh server, another prefix=, or "

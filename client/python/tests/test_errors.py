@@ -181,3 +181,58 @@ def test_push_refuses_a_buffer_of_the_wrong_size_or_dtype_and_loses_nothing(serv
         outs.append(out)
     assert torch.equal(outs[0].view(torch.int32), outs[1].view(torch.int32))
     c.close()
+
+
+def test_each_cause_a_real_server_sends_reaches_python_as_its_type(server_factory):
+    """A real muon-offloadd sends each cause as its ErrorCode on the wire (core/error_code.hpp);
+    the client library hands it to Python as muon_last_error_code() and errors.error_class picks
+    the type from it alone: non_finite, step_mismatch, bad_request, timeout and unsupported, each
+    the exact class (a plain ServerError is no subclass) with the cause's name and integer."""
+    import threading
+
+    from muon_offload import Client
+    s = server_factory("causes", extra=["--step-timeout-ms", "1500"])
+
+    def raised(f):
+        with pytest.raises(MuonOffloadError) as e:
+            f()
+        return type(e.value), e.value.error_name, e.value.error_code
+
+    out = torch.empty(8, 4)
+    with Client([s.socket]) as c:
+        c.register("w", (8, 4))
+        # non_finite: a NaN gradient under the default policy; the step is consumed (step 0).
+        c.push("w", 0, 0, torch.full((8, 4), float("nan")))
+        c.commit("w", 0)
+        assert raised(lambda: c.wait_update("w", 0, out)) == (NonFiniteGradient, "non_finite", 7)
+        # step_mismatch: step 3 after step 0 is a gap; the push's error waits for step 3.
+        c.push("w", 3, 0, torch.ones(8, 4))
+        assert raised(lambda: c.wait_update("w", 3, out)) == (StepMismatch, "step_mismatch", 14)
+        # bad_request: a commit of a step with no data from this rank.
+        c.commit("w", 1)
+        assert raised(lambda: c.wait_update("w", 1, out)) == (ServerError, "bad_request", 1)
+        # The session lives on: step 1 pushed properly gives an update.
+        c.push("w", 1, 0, torch.ones(8, 4))
+        c.commit("w", 1)
+        assert c.wait_update("w", 1, out)
+
+    # timeout: rank 1 of 2 registers but never pushes; the server's step timeout (1.5 s) fails
+    # rank 0's step with the server's own verdict.
+    ranks = [Client([s.socket], rank=r, world_size=2) for r in (0, 1)]
+    threads = [threading.Thread(target=c.register, args=("t", (8, 4))) for c in ranks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    ranks[0].push("t", 0, 0, torch.ones(8, 4))
+    ranks[0].commit("t", 0)
+    with pytest.raises(Timeout) as e:
+        ranks[0].wait_update("t", 0, out)
+    assert (type(e.value), e.value.error_name, e.value.error_code) == (Timeout, "timeout", 6)
+    assert "did not commit within 1500 ms" in str(e.value), str(e.value)
+    for c in ranks:
+        c.close()
+
+    # unsupported: a data plane a CPU server cannot serve, refused in the hello.
+    assert raised(lambda: Client([s.socket], data_plane="cuda_ipc")) == (
+        ServerError, "unsupported", 3)
