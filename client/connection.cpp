@@ -91,7 +91,7 @@ Connection::Connection(std::string endpoint, int rank, int world_size,
     slot_bytes_ = ok.slot_bytes;
     crash_note_ = crash_note(ok);
     if (!ok.server_version.empty()) snapshot_config_.emplace(ok.snapshot_path, ok.snapshot_every);
-    tx_busy_.assign(ok.tx_slots, false);
+    tx_credits_.assign(ok.tx_slots);
   } catch (...) {
     boost::system::error_code ignored;
     socket_.shutdown(asio::socket_base::shutdown_both, ignored);
@@ -325,24 +325,20 @@ int64_t Connection::push_chunks(const std::string& name, int64_t step, int64_t o
     uint32_t slot = 0;
     {
       std::unique_lock lk(mu_);
-      auto free_slot = [&] {
-        return std::find(tx_busy_.begin(), tx_busy_.end(), false) != tx_busy_.end();
-      };
-      if (!cv_.wait_until(lk, deadline(), [&] { return free_slot() || !lost_.empty(); })) {
+      if (!cv_.wait_until(lk, deadline(),
+                          [&] { return tx_credits_.any_free() || !lost_.empty(); })) {
         throw Timeout("no free " + std::string(transport::data_plane_name(data_plane_)) +
                       " ring slot to push '" + name + "' step " + std::to_string(step) +
                       " within " + ms_text(op_timeout_) + " (the server is not draining the ring)");
       }
       if (!lost_.empty()) throw_lost("pushing '" + name + "'");
-      slot = static_cast<uint32_t>(std::find(tx_busy_.begin(), tx_busy_.end(), false) -
-                                   tx_busy_.begin());
-      tx_busy_[slot] = true;
+      slot = *tx_credits_.acquire();  // any_free() held under the same lock
     }
     try {
       if (moves.into_slot) moves.into_slot(slot, done, n);
     } catch (...) {
       std::lock_guard lk(mu_);
-      tx_busy_[slot] = false;  // nothing announced: the credit is still ours
+      (void)tx_credits_.release(slot);  // nothing announced: the credit is still ours
       cv_.notify_all();
       throw;
     }
@@ -383,7 +379,7 @@ void Connection::commit(const std::string& name, int64_t step) {
 void Connection::flush() {
   std::unique_lock lk(mu_);
   const bool ok = cv_.wait_until(lk, deadline(), [&] {
-    return std::find(tx_busy_.begin(), tx_busy_.end(), true) == tx_busy_.end() || !lost_.empty();
+    return tx_credits_.all_free() || !lost_.empty();
   });
   if (!lost_.empty()) throw_lost("flushing pushed data");
   if (!ok)
@@ -563,7 +559,7 @@ void Connection::handle(transport::Frame f) {
   switch (type) {
     case MessageType::push_ack: {
       const auto slot = transport::decode<transport::SlotAck>(f.payload).slot;
-      if (slot < tx_busy_.size()) tx_busy_[slot] = false;
+      (void)tx_credits_.release(slot);  // an ack for a slot not held changes nothing
       break;
     }
     case MessageType::error: {

@@ -21,6 +21,7 @@
 #include "client/client_error.hpp"
 #include "client/plane.hpp"
 #include "kernels/device_stream.hpp"
+#include "transport/credit_ring.hpp"
 #include "transport/frame.hpp"
 #include "transport/messages.hpp"
 
@@ -259,7 +260,7 @@ class Connection {
   std::condition_variable cv_;
   uint32_t next_request_ = 1;
   std::map<uint32_t, Reply> replies_;
-  std::vector<bool> tx_busy_;
+  transport::CreditRing tx_credits_;  // under mu_: the tx ring's slots, sized by the hello
   std::map<std::string, ParamRx> params_;
   std::string lost_;
   /// What of the server's momentum outlives a crash, from its hello ("" for a server that does

@@ -164,20 +164,16 @@ void Session::set_data_plane_ready() {
   }
 }
 
-std::optional<uint32_t> Session::free_rx_slot() {
+std::optional<uint32_t> Session::take_rx_slot() {
   if (!data_plane_ready_) return std::nullopt;
-  if (rx_busy_.empty()) {
-    rx_busy_.assign(segment ? segment->layout().rx_slots : device_rx_slots_, false);
+  if (rx_credits_.size() == 0) {
+    rx_credits_.assign(segment ? segment->layout().rx_slots : device_rx_slots_);
   }
-  for (uint32_t slot = 0; slot < rx_busy_.size(); ++slot) {
-    if (!rx_busy_[slot]) return slot;
-  }
-  return std::nullopt;  // no credit: wait for an update_ack
+  return rx_credits_.acquire();  // nullopt: no credit, wait for an update_ack
 }
 
 bool Session::announce(transport::Update& msg, uint32_t slot,
                        const std::function<AfterFrame()>& write) {
-  rx_busy_[slot] = true;
   msg.slot = slot;
   AfterFrame after;
   try {
@@ -193,7 +189,7 @@ bool Session::announce(transport::Update& msg, uint32_t slot,
 bool Session::send_chunk_direct(transport::Update msg, const SlotWrite& write) {
   if (closed_) return true;
   if (!pending_.empty()) return false;  // chunks go out in order
-  const auto slot = free_rx_slot();
+  const auto slot = take_rx_slot();
   if (!slot) return false;
   announce(msg, *slot, [&] { return write(*slot); });
   return true;
@@ -209,7 +205,7 @@ void Session::data_plane_failed(const std::string& what) {
 void Session::flush_chunks() {
   if (!segment && !rx_writer_) return;
   while (!pending_.empty()) {
-    const auto slot = free_rx_slot();
+    const auto slot = take_rx_slot();
     if (!slot) return;
     auto [msg, data] = std::move(pending_.front());
     pending_.pop_front();
@@ -223,11 +219,10 @@ void Session::flush_chunks() {
 }
 
 void Session::release_rx_slot(uint32_t slot) {
-  if (slot >= rx_busy_.size() || !rx_busy_[slot]) {
+  if (!rx_credits_.release(slot)) {
     throw transport::ProtocolError("update_ack for rx slot " + std::to_string(slot) +
                                    " that holds no update");
   }
-  rx_busy_[slot] = false;
   flush_chunks();
 }
 

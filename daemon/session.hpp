@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "daemon/device_plane.hpp"
+#include "transport/credit_ring.hpp"
 #include "transport/frame.hpp"
 #include "transport/messages.hpp"
 #include "transport/shm_segment.hpp"
@@ -135,10 +136,11 @@ class Session : public std::enable_shared_from_this<Session> {
   /// A write into a result slot, or the transfer after its frame, failed (a CUDA or NCCL
   /// error): error frame, then close.
   void data_plane_failed(const std::string& what);
-  /// A free rx slot, or nullopt (sizes rx_busy_ on first use).
-  std::optional<uint32_t> free_rx_slot();
-  /// Takes `slot` for `msg`: `write()` fills it, then the update frame goes out with what the
-  /// write returned to follow it. False when the write threw (the session is failing).
+  /// Takes the lowest free rx slot, or nullopt when none is free or the data plane is held
+  /// (sizes rx_credits_ on first use). The slot stays held until its update_ack.
+  std::optional<uint32_t> take_rx_slot();
+  /// Sends `msg` in `slot` (taken by take_rx_slot): `write()` fills it, then the update frame
+  /// goes out with what the write returned to follow it. False when the write threw (the session is failing).
   bool announce(transport::Update& msg, uint32_t slot, const std::function<AfterFrame()>& write);
   void finish(const std::string& why);
 
@@ -157,7 +159,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool closing_ = false;
   bool closed_ = false;
   std::string close_reason_;
-  std::vector<bool> rx_busy_;
+  transport::CreditRing rx_credits_;  // the rx ring's slots
   uint32_t device_rx_slots_ = 0;
   RxWriter rx_writer_;
   bool data_plane_ready_ = true;
