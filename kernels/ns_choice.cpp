@@ -231,10 +231,24 @@ void choose_ns_batching(const NsBatchMeasurement& m, NsChoice& c) {
       throw InvalidArgument("choose_ns_batching: a time is not a positive number");
     }
   }
+  if (!(m.side_by_side_cores >= 0.0) || !std::isfinite(m.side_by_side_cores)) {
+    throw InvalidArgument("choose_ns_batching: side_by_side_cores is not a finite share >= 0");
+  }
+  const std::string w = std::to_string(m.width);
+  if (m.side_by_side_cores > 0.0 && m.side_by_side_cores < kNsFreeCoresShare * m.width) {
+    char cores[32];
+    std::snprintf(cores, sizeof cores, "%.2f", m.side_by_side_cores);
+    c.side_by_side = false;
+    c.batch_reason = "one at a time: " + w + " matrices side by side (one BLAS thread each) " +
+                     "got " + cores + " of " + w +
+                     " cores: other work held them during calibration, so whether a lone " +
+                     "matrix gains from " + w +
+                     " threads was not measurable (delete the table entry to measure again)";
+    return;
+  }
   const bool batch_gains = m.side_by_side < m.one_at_a_time * (1.0 - kNsTieTolerance);
   const bool lone_keeps = m.lone_one_thread <= m.lone_all_threads * (1.0 + kNsTieTolerance);
   c.side_by_side = batch_gains && lone_keeps;
-  const std::string w = std::to_string(m.width);
   c.batch_reason = std::string(c.side_by_side ? "side by side" : "one at a time") + ": " + w +
                    " matrices side by side (one BLAS thread each) " + milliseconds(m.side_by_side) +
                    ", one at a time on " + w + " threads " + milliseconds(m.one_at_a_time) +

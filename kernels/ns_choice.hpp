@@ -89,13 +89,26 @@ struct NsBatchMeasurement {
   double side_by_side = 0.0;
   double lone_all_threads = 0.0;
   double lone_one_thread = 0.0;
+  /// The process' CPU seconds over wall seconds while `width` matrices ran side by side: about
+  /// `width` when each thread had a core to itself, less when other work held the cores (then
+  /// the lone matrix's two times say nothing about what its threads gain on this machine).
+  /// 0 = not measured (taken as free cores).
+  double side_by_side_cores = 0.0;
 };
+
+/// The share of `width` cores the side-by-side rounds must have had (side_by_side_cores /
+/// width) for the batching times to be judged: below it the calibration ran on a contended
+/// machine and batching stays one at a time.
+inline constexpr double kNsFreeCoresShare = 0.85;
 
 /// Side by side only when it beats one at a time by more than kNsTieTolerance (a tie keeps the
 /// simpler one at a time) and a lone matrix on one thread is within kNsTieTolerance of one on all
 /// threads: side by side also holds for a matrix that finds no other of its shape ready (its
 /// bits may not depend on that), so it must not slow that one down (in practice: blocks too
-/// small for OpenBLAS to gain from its threads). The reason gives the times. Pure. Throws
+/// small for OpenBLAS to gain from its threads). On a contended calibration (side_by_side_cores
+/// below kNsFreeCoresShare of the width) both tests would read a busy machine's times, where a
+/// lone matrix gains nothing from threads it cannot run, and the choice would stay in the table
+/// once the cores are free: one at a time then, saying so. The reason gives the times. Pure. Throws
 /// InvalidArgument for a width below 2 or a time that is not finite and positive.
 void choose_ns_batching(const NsBatchMeasurement& measured, NsChoice& choice);
 

@@ -2,6 +2,9 @@
 // contracts: transpose symmetry, batch = loop bitwise, slice independence, exact zeros, splits,
 // SYRK/Gram = plain, non-finite policy, clear errors.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -612,6 +615,52 @@ TEST(CpuNewtonSchulz, AutoMeasuresBatchingForANewShapeAtTwoThreads) {
   ASSERT_NE(found, nullptr);
   // Measured now, or read from a table file that an earlier run measured.
   EXPECT_NE(found->choice.batch_reason.find("side by side (one BLAS thread each)"),
+            std::string::npos)
+      << found->choice.batch_reason;
+}
+
+TEST(CpuNewtonSchulz, ACalibrationOnBusyCoresKeepsOneAtATime) {
+  // Other processes, two per core, spin while auto calibrates a new shape: the side-by-side
+  // threads get about half a core each, so batching is not judged (and not kept as side by side
+  // for when the cores are free); the entry says so.
+  ScopedBlasThreads two(2);
+  auto backend = make_backend("cpu");
+  const int r = 32, c = 72;
+  OrthogonalizeOptions o;
+  o.steps = 7;  // a key no other test uses
+  const std::string key = ns_choice_key(Precision::fp32, r, c, 7, kDefaultGramRestart);
+  for (const auto& e : NsChoiceTable::process().entries()) {
+    if (e.key == key && e.machine == backend->machine_key()) {
+      GTEST_SKIP() << "a table file already holds this shape: " << e.choice.batch_reason;
+    }
+  }
+  std::vector<pid_t> spinners;
+  const long cores = std::max(1L, std::min(64L, sysconf(_SC_NPROCESSORS_ONLN)));
+  for (long i = 0; i < 2 * cores; ++i) {
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      volatile uint64_t spins = 0;
+      for (;;) spins = spins + 1;
+    }
+    spinners.push_back(pid);
+  }
+  auto g = gaussian(size_t(3) * r * c, 73);
+  std::vector<float> out(g.size());
+  const bool ok = backend->orthogonalize("w", {3, r, c}, g.data(), out.data(), o);
+  for (pid_t pid : spinners) {
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+  }
+  ASSERT_TRUE(ok);
+  const NsChoiceTable::Entry* found = nullptr;
+  const auto entries = NsChoiceTable::process().entries();
+  for (const auto& e : entries) {
+    if (e.key == key && e.machine == backend->machine_key()) found = &e;
+  }
+  ASSERT_NE(found, nullptr);
+  EXPECT_FALSE(found->choice.side_by_side) << found->choice.batch_reason;
+  EXPECT_NE(found->choice.batch_reason.find("other work held them during calibration"),
             std::string::npos)
       << found->choice.batch_reason;
 }

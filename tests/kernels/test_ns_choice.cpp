@@ -249,6 +249,24 @@ TEST(NsChoice, SideBySideOnlyWhenItWinsByMoreThanThreePercent) {
   EXPECT_THROW(choose_ns_batching({2, 0.01, 0.01, 0.01, 0.0}, c), InvalidArgument);
 }
 
+TEST(NsChoice, ABusyCalibrationKeepsOneAtATime) {
+  // The times of a side-by-side win, but its threads ran on 1.2 of 2 cores: a loaded machine,
+  // where a lone matrix gains nothing from threads it cannot run. Kept in the table, side by
+  // side would halve a lone matrix's threads once the cores are free.
+  NsChoice c;
+  choose_ns_batching({2, 0.010, 0.008, 0.005, 0.005, 1.2}, c);
+  EXPECT_FALSE(c.side_by_side);
+  EXPECT_NE(c.batch_reason.find("got 1.20 of 2 cores"), std::string::npos) << c.batch_reason;
+  choose_ns_batching({2, 0.010, 0.008, 0.005, 0.005, 1.69}, c);  // below 0.85 x 2
+  EXPECT_FALSE(c.side_by_side);
+  choose_ns_batching({2, 0.010, 0.008, 0.005, 0.005, 1.71}, c);  // free enough: judged
+  EXPECT_TRUE(c.side_by_side);
+  choose_ns_batching({2, 0.010, 0.008, 0.005, 0.005, 0.0}, c);  // not measured: judged
+  EXPECT_TRUE(c.side_by_side);
+  EXPECT_THROW(choose_ns_batching({2, 0.01, 0.008, 0.005, 0.005, NAN}, c), InvalidArgument);
+  EXPECT_THROW(choose_ns_batching({2, 0.01, 0.008, 0.005, 0.005, -1.0}, c), InvalidArgument);
+}
+
 TEST(NsChoiceTable, BatchingIsMeasuredOnceForTheChosenAlgorithmAndKeptInTheFile) {
   TempTable tmp;
   const std::string key = ns_choice_key(Precision::fp32, 64, 256, 5, 2);
