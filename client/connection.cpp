@@ -319,6 +319,7 @@ int64_t Connection::push_chunks(const std::string& name, int64_t step, int64_t o
                                 const ChunkMoves& moves) {
   const int64_t per_slot = static_cast<int64_t>(slot_bytes_ / elem_bytes);
   const uint32_t attempt = attempt_of(name, step);
+  const uint32_t param_id = wire_id(name, kind);
   int64_t frames = 0;
   for (int64_t done = 0; done < count || (count == 0 && done == 0); done += per_slot) {
     const int64_t n = std::min(per_slot, count - done);
@@ -342,7 +343,7 @@ int64_t Connection::push_chunks(const std::string& name, int64_t step, int64_t o
       cv_.notify_all();
       throw;
     }
-    transport::Push m{name, step, offset + done, n, slot, kind, attempt};
+    transport::Push m{name, step, offset + done, n, slot, kind, attempt, param_id};
     if (moves.after_frame) {
       // The server posts its ncclRecv when it reads the frame, so the send follows the frame
       // (NCCL connects a pair lazily, on the first transfer both sides have posted) and the
@@ -363,6 +364,18 @@ int64_t Connection::push_chunks(const std::string& name, int64_t step, int64_t o
     if (count == 0) break;
   }
   return frames;
+}
+
+uint32_t Connection::wire_id(const std::string& name, transport::ChunkKind kind) {
+  if (kind == transport::ChunkKind::replica_momentum ||
+      kind == transport::ChunkKind::replica_update) {
+    return transport::kNoParamId;  // the chunk carries the name (its seal follows)
+  }
+  std::lock_guard lk(mu_);
+  auto it = param_ids_.find(name);
+  // No id: a parameter whose registration was not answered here; the name travels and the
+  // server refuses it by name (unknown parameter, not part of it).
+  return it == param_ids_.end() ? transport::kNoParamId : it->second;
 }
 
 uint32_t Connection::attempt_of(const std::string& name, int64_t step) {
@@ -550,7 +563,7 @@ void Connection::reader_loop() {
 void Connection::handle(transport::Frame f) {
   const auto type = static_cast<MessageType>(f.type);
   if (type == MessageType::update) {
-    handle_update(transport::decode<transport::Update>(f.payload));
+    handle_update(transport::decode<transport::Update>(f.payload));  // resolves its param_id
     return;
   }
   std::optional<transport::ErrorMsg> notify;  // a parameter's error, for error_callback_
@@ -586,6 +599,15 @@ void Connection::handle(transport::Frame f) {
       }
       break;
     }
+    case MessageType::register_ok: {
+      // The id this connection's chunks name the parameter by (none for a replica seal).
+      const auto ok = transport::decode<transport::RegisterOk>(f.payload);
+      if (ok.param_id != transport::kNoParamId) {
+        param_ids_[ok.name] = ok.param_id;
+        param_names_[ok.param_id] = ok.name;
+      }
+      [[fallthrough]];
+    }
     default:
       if (f.request_id != 0 && replies_.count(f.request_id)) {
         replies_[f.request_id].frame = std::move(f);
@@ -607,13 +629,21 @@ void Connection::set_error_callback(ErrorCallback cb) {
   error_callback_ = std::move(cb);
 }
 
-void Connection::handle_update(const transport::Update& u) {
+void Connection::handle_update(transport::Update u) {
   UpdateCallback cb;
   bool complete = false;
   {
     std::lock_guard lk(mu_);
     // The plane is gone (or not there yet); the session is about to be.
     if (closing_ || !plane_) return;
+    if (u.param_id != transport::kNoParamId) {
+      auto id = param_names_.find(u.param_id);
+      if (id == param_names_.end()) {
+        throw transport::ProtocolError("update names parameter id " + std::to_string(u.param_id) +
+                                       ", which the server never handed out on this connection");
+      }
+      u.name = id->second;
+    }
     plane_->enter_reader_thread();
     auto& p = params_[u.name];
     if (u.kind == transport::ChunkKind::momentum) {

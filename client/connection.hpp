@@ -214,7 +214,9 @@ class Connection {
   void send_frame(transport::MessageType type, const std::string& payload, uint32_t id = 0);
   void reader_loop();
   void handle(transport::Frame frame);
-  void handle_update(const transport::Update& u);
+  /// An update chunk; its param_id resolved into u.name first (a ProtocolError for an id the
+  /// server never handed out: the connection is lost).
+  void handle_update(transport::Update u);
   /// handle_update's copy out of the rx slot (shm or device ring). Runs under mu_.
   void receive_chunk(ParamRx& p, const transport::Update& u, bool in_want, int64_t pos);
   /// Takes credits for ceil(count / per-slot) tx slots one by one, calls
@@ -262,6 +264,14 @@ class Connection {
   std::map<uint32_t, Reply> replies_;
   transport::CreditRing tx_credits_;  // under mu_: the tx ring's slots, sized by the hello
   std::map<std::string, ParamRx> params_;
+  /// The ids the server handed out in register_ok (transport/chunk_header.hpp), under mu_:
+  /// push frames name their parameter by it, update frames are resolved with it.
+  std::map<std::string, uint32_t> param_ids_;
+  std::map<uint32_t, std::string> param_names_;
+  /// The id push frames of `name` carry; kNoParamId (the name travels instead) for replica
+  /// chunks, which precede their seal, and for a parameter whose registration was not answered
+  /// on this connection (the server refuses it by name). Takes mu_.
+  uint32_t wire_id(const std::string& name, transport::ChunkKind kind);
   std::string lost_;
   /// What of the server's momentum outlives a crash, from its hello ("" for a server that does
   /// not say): appended to every ConnectionLost message.

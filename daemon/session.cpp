@@ -172,9 +172,33 @@ std::optional<uint32_t> Session::take_rx_slot() {
   return rx_credits_.acquire();  // nullopt: no credit, wait for an update_ack
 }
 
+uint32_t Session::param_id(const std::string& name) {
+  auto it = param_ids_.find(name);
+  if (it != param_ids_.end()) return it->second;
+  if (param_names_.size() >= transport::kMaxParamIds) {
+    throw transport::ProtocolError("session " + std::to_string(id_) + " named more than " +
+                                   std::to_string(transport::kMaxParamIds) + " parameters");
+  }
+  const auto id = static_cast<uint32_t>(param_names_.size());
+  param_names_.push_back(name);
+  param_ids_.emplace(name, id);
+  return id;
+}
+
+const std::string& Session::param_name(uint32_t id) const {
+  if (id >= param_names_.size()) {
+    throw InvalidArgument(
+        "a chunk names parameter id " + std::to_string(id) + ", which this session never handed " +
+        "out (" + std::to_string(param_names_.size()) + " ids so far: register the parameter and "
+        "use the param_id of its register_ok)");
+  }
+  return param_names_[id];
+}
+
 bool Session::announce(transport::Update& msg, uint32_t slot,
                        const std::function<AfterFrame()>& write) {
   msg.slot = slot;
+  msg.param_id = param_id(msg.name);
   AfterFrame after;
   try {
     after = write();

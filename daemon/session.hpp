@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "daemon/device_plane.hpp"
@@ -117,8 +118,17 @@ class Session : public std::enable_shared_from_this<Session> {
   DeviceRingsPtr device_rings;
   /// Chunks waiting for an rx slot.
   size_t pending_chunks() const { return pending_.size(); }
+  /// The id this session's chunks name parameter `name` by (transport/chunk_header.hpp): the
+  /// one handed out before, else the next (0, 1, 2, ... in the order the session first named
+  /// them: its register_ok, or an update). Throws ProtocolError past kMaxParamIds. io thread.
+  uint32_t param_id(const std::string& name);
+  /// The parameter a chunk's id names; throws InvalidArgument naming the id for one this
+  /// session never handed out (answered as bad_request; nothing else changes). io thread.
+  const std::string& param_name(uint32_t id) const;
 
  private:
+  std::vector<std::string> param_names_;                 // param_id(): names by id
+  std::unordered_map<std::string, uint32_t> param_ids_;  // and ids by name
   void read_more();
   /// Hands `frame` to the frame handler, or holds it (hold_data_plane, gate_frames). False once
   /// the session is closing. Throws what the handler throws.

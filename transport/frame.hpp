@@ -1,4 +1,5 @@
-// The control-plane frame: a fixed 16-byte little-endian header and a JSON payload. Gradient and
+// The control-plane frame: a fixed 16-byte little-endian header and a JSON payload (a binary one
+// for data chunks, transport/chunk_header.hpp). Gradient and
 // update bytes never travel in frames; they move through a data-plane transport (shared memory,
 // CUDA IPC, NCCL) and frames only say where they are.
 //
@@ -20,7 +21,9 @@
 namespace muon::transport {
 
 inline constexpr uint32_t kFrameMagic = 0x4E4F554D;  // "MUON" little-endian
-inline constexpr uint16_t kProtocolVersion = 1;
+/// 2: data chunks (push, update and their acks) are binary and name parameters by id
+/// (transport/chunk_header.hpp); 1 carried them as JSON with names.
+inline constexpr uint16_t kProtocolVersion = 2;
 inline constexpr size_t kFrameHeaderBytes = 16;
 /// Largest accepted payload: control messages are small; anything bigger is a bug or an attack.
 inline constexpr uint32_t kMaxPayload = 1u << 20;

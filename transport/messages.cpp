@@ -154,31 +154,7 @@ json ranges_json(const std::vector<Range>& rs) {
   return a;
 }
 
-const char* kind_name(ChunkKind k) {
-  switch (k) {
-    case ChunkKind::gradient:
-      return "gradient";
-    case ChunkKind::momentum:
-      return "momentum";
-    case ChunkKind::replica_momentum:
-      return "replica_momentum";
-    case ChunkKind::replica_update:
-      return "replica_update";
-  }
-  return "gradient";
-}
-
-ChunkKind read_kind(const Reader& r) {
-  const auto s = r.str_or("kind", "gradient");
-  for (auto k : {ChunkKind::gradient, ChunkKind::momentum, ChunkKind::replica_momentum,
-                 ChunkKind::replica_update}) {
-    if (s == kind_name(k)) return k;
-  }
-  r.fail("field 'kind' must be 'gradient', 'momentum', 'replica_momentum' or 'replica_update', "
-         "got '" + s + "'");
-}
-
-// Push/commit attempt: optional (absent: 0, the first try).
+// Commit attempt: optional (absent: 0, the first try).
 uint32_t read_attempt(const Reader& r) {
   return static_cast<uint32_t>(r.i64_or("attempt", 0, 0, int64_t{1} << 30));
 }
@@ -281,26 +257,12 @@ std::string encode(const RegisterParam& m) {
   return j.dump();
 }
 std::string encode(const RegisterOk& m) {
-  return json{{"name", m.name}, {"contributors", m.contributors}, {"last_step", m.last_step}}
-      .dump();
-}
-std::string encode(const Push& m) {
-  return json{{"name", m.name},      {"step", m.step}, {"offset", m.offset},
-              {"count", m.count},    {"slot", m.slot}, {"kind", kind_name(m.kind)},
-              {"attempt", m.attempt}}
-      .dump();
-}
-std::string encode(const SlotAck& m) {
-  return json{{"slot", m.slot}}.dump();
+  json j{{"name", m.name}, {"contributors", m.contributors}, {"last_step", m.last_step}};
+  if (m.param_id != kNoParamId) j["param_id"] = m.param_id;
+  return j.dump();
 }
 std::string encode(const Commit& m) {
   return json{{"name", m.name}, {"step", m.step}, {"attempt", m.attempt}}.dump();
-}
-std::string encode(const Update& m) {
-  return json{{"name", m.name},   {"step", m.step},      {"offset", m.offset},
-              {"count", m.count}, {"slot", m.slot},      {"kind", kind_name(m.kind)},
-              {"last", m.last},   {"applied", m.applied}}
-      .dump();
 }
 std::string encode(const ErrorMsg& m) {
   return json{{"code", std::string(error_code_name(m.code))},
@@ -444,46 +406,16 @@ RegisterParam decode<RegisterParam>(const std::string& p) {
 template <>
 RegisterOk decode<RegisterOk>(const std::string& p) {
   Reader r(p, "register_ok");
-  return {r.str("name", kMaxName), static_cast<int>(r.i64("contributors", 0)),
-          r.i64("last_step", -1, kMaxStep)};
-}
-template <>
-Push decode<Push>(const std::string& p) {
-  Reader r(p, "push");
-  Push m;
-  m.name = r.str("name", kMaxName);
-  m.step = r.i64("step", 0, kMaxStep);
-  m.offset = r.i64("offset", 0, kMaxElements);
-  m.count = r.i64("count", 0, kMaxElements);
-  m.slot = static_cast<uint32_t>(r.i64("slot", 0, 1 << 16));
-  m.kind = read_kind(r);
-  m.attempt = read_attempt(r);
+  RegisterOk m{r.str("name", kMaxName), static_cast<int>(r.i64("contributors", 0)),
+               r.i64("last_step", -1, kMaxStep)};
+  if (r.has("param_id")) m.param_id = static_cast<uint32_t>(r.i64("param_id", 0, kMaxParamIds - 1));
   return m;
-}
-template <>
-SlotAck decode<SlotAck>(const std::string& p) {
-  Reader r(p, "slot_ack");
-  return {static_cast<uint32_t>(r.i64("slot", 0, 1 << 16))};
 }
 template <>
 Commit decode<Commit>(const std::string& p) {
   Reader r(p, "commit");
   Commit m{r.str("name", kMaxName), r.i64("step", 0, kMaxStep)};
   m.attempt = read_attempt(r);
-  return m;
-}
-template <>
-Update decode<Update>(const std::string& p) {
-  Reader r(p, "update");
-  Update m;
-  m.name = r.str("name", kMaxName);
-  m.step = r.i64("step", -1, kMaxStep);  // -1: momentum of a parameter that never stepped
-  m.offset = r.i64("offset", 0, kMaxElements);
-  m.count = r.i64("count", 0, kMaxElements);
-  m.slot = static_cast<uint32_t>(r.i64("slot", 0, 1 << 16));
-  m.kind = read_kind(r);
-  m.last = r.boolean("last");
-  m.applied = r.bool_or("applied", true);
   return m;
 }
 template <>

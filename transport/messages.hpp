@@ -1,6 +1,7 @@
 // Control-plane messages: typed structs, their JSON payloads, and strict validation. Every field
 // a peer sends is checked here before anything else looks at it; a bad field raises ProtocolError
-// naming the message and the field.
+// naming the message and the field. The data chunks (Push, Update, SlotAck) travel as fixed
+// binary payloads instead (chunk_header.hpp).
 #pragma once
 
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include "kernels/dtype.hpp"
 #include "kernels/muon_options.hpp"
 #include "kernels/range_set.hpp"
+#include "transport/chunk_header.hpp"
 #include "transport/cuda_ipc_handle.hpp"
 #include "transport/frame.hpp"
 #include "transport/nccl_id.hpp"
@@ -177,8 +179,14 @@ struct RegisterOk {
   std::string name;
   int contributors = 0;    ///< contributions summed into every element
   int64_t last_step = -1;  ///< last step applied (from a restored snapshot), -1 when none
+  /// The id this session's Push and Update chunks name the parameter by (chunk_header.hpp);
+  /// optional on the wire (absent = kNoParamId: the answer to a replica seal, whose chunks
+  /// carry their name).
+  uint32_t param_id = kNoParamId;
 };
 
+/// A binary chunk (transport/chunk_header.hpp): on the wire param_id, or the name where no id
+/// exists (replica chunks); the receiver resolves the one into the other.
 struct Push {
   std::string name;
   int64_t step = 0;
@@ -190,9 +198,9 @@ struct Push {
   ChunkKind kind = ChunkKind::gradient;
   /// Which try of this step the rank is on: 0, raised by the client each time the step failed
   /// for it (a retry). A higher attempt discards what the rank pushed for the step before, so
-  /// chunks still in flight from a failed try are never summed into the retry. Optional on the
-  /// wire (absent: 0).
+  /// chunks still in flight from a failed try are never summed into the retry.
   uint32_t attempt = 0;
+  uint32_t param_id = kNoParamId;  ///< RegisterOk::param_id; kNoParamId: `name` travels
 };
 
 struct SlotAck {
@@ -205,6 +213,7 @@ struct Commit {
   uint32_t attempt = 0;  ///< as Push::attempt
 };
 
+/// A binary chunk (transport/chunk_header.hpp), naming its parameter by param_id.
 struct Update {
   std::string name;
   int64_t step = 0;
@@ -214,6 +223,7 @@ struct Update {
   ChunkKind kind = ChunkKind::gradient;  ///< gradient: an update; momentum: state_fetch data
   bool last = false;                     ///< the last chunk of this (name, step) for this client
   bool applied = true;  ///< false when the step was skipped (non-finite policy skip): zeros
+  uint32_t param_id = kNoParamId;  ///< RegisterOk::param_id of the receiving session
 };
 
 /// On the wire as {"code": name, "code_id": integer} (core/error_code.hpp: error_code_name is the
@@ -251,7 +261,8 @@ struct StepReport {
   std::string slowest_parameter;  ///< the parameter whose update arrived last ("" when none)
 };
 
-// ---- JSON payloads. encode() never fails; decode() throws ProtocolError naming the field. ----
+// ---- Payloads: JSON, except Push, Update and SlotAck, binary (chunk_header.hpp, defined in
+// chunk_header.cpp). encode() never fails; decode() throws ProtocolError naming the field. ----
 std::string encode(const Hello&);
 std::string encode(const HelloOk&);
 std::string encode(const HealthOk&);

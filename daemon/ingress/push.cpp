@@ -69,6 +69,9 @@ void Engine::on_push(const SessionPtr& s, const Frame& f) {
     }
   } ack{s, m.slot, device_.get()};
   try {
+    // A chunk names its parameter by the session's id (its name only on a replica session); an
+    // id the session never handed out is a bad_request, its slot acked all the same.
+    if (m.param_id != transport::kNoParamId) m.name = s->param_name(m.param_id);
     if (m.kind == transport::ChunkKind::replica_momentum ||
         m.kind == transport::ChunkKind::replica_update) {  // an owner's state, to its buddy (fp32)
       const size_t bytes = static_cast<size_t>(m.count) * 4;

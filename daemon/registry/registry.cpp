@@ -164,11 +164,14 @@ void Engine::complete_registration(const std::string& name, Param& p) {
 }
 
 void Engine::answer_registration(Param& p) {
-  const transport::RegisterOk ok{p.layout->spec.name, p.layout->contributors, p.last_step()};
+  transport::RegisterOk ok{p.layout->spec.name, p.layout->contributors, p.last_step()};
   auto waiting = std::move(p.waiting);
   p.waiting.clear();
   for (auto& [w, req] : waiting) {
-    if (auto ws = w.lock()) ws->send(MessageType::register_ok, transport::encode(ok), req);
+    auto ws = w.lock();
+    if (!ws) continue;
+    ok.param_id = ws->param_id(ok.name);  // the session's chunks name the parameter by it
+    ws->send(MessageType::register_ok, transport::encode(ok), req);
   }
 }
 

@@ -270,9 +270,9 @@ TEST(ServerIntegration, MalformedFramesHurtOnlyTheirSender) {
   };
   std::vector<std::byte> garbage(64, std::byte{0x41});
   expect_error(garbage, "bad frame magic");
-  auto v2 = frame(MessageType::health, "{}");
-  v2[4] = std::byte{2};
-  expect_error(v2, "protocol version mismatch: peer speaks 2");
+  auto v1 = frame(MessageType::health, "{}");
+  v1[4] = std::byte{1};  // version 1: JSON data chunks named by parameter name
+  expect_error(v1, "protocol version mismatch: peer speaks 1");
   auto huge = frame(MessageType::health, "{}");
   huge[8] = std::byte{0};
   huge[9] = std::byte{0};
@@ -286,6 +286,60 @@ TEST(ServerIntegration, MalformedFramesHurtOnlyTheirSender) {
   expect_error(frame(static_cast<MessageType>(999), "{}"), "before hello");
   ASSERT_EQ(wait_exit(r0.pid, 60s), 0) << read_err(r0.out).message;
   expect_bitwise(r0.out, reference_updates("replicated", 1, 3, kThreads), 0, 3, "rank 0");
+  fs::remove_all(dir);
+}
+
+// A push naming a parameter id its session was never handed (chunk_header.hpp) is answered
+// bad_request naming the id, and its slot is acked all the same (no credit lost); the session
+// goes on (health answers after it).
+TEST(ServerIntegration, APushNamingAnUnknownParameterIdLosesNothing) {
+  const auto dir = temp_dir();
+  ServerProcess server(dir);
+  using transport::MessageType;
+  boost::asio::io_context io;
+  boost::asio::generic::stream_protocol::socket sock(io);
+  sock.connect(transport::resolve(transport::parse_endpoint(server.socket()), io));
+  transport::FrameDecoder dec;
+  const auto send = [&](MessageType t, uint32_t id, const std::string& payload) {
+    boost::asio::write(sock, boost::asio::buffer(transport::encode_frame(
+                                 {static_cast<uint16_t>(t), id, payload})));
+  };
+  const auto next = [&] {
+    std::array<std::byte, 4096> buf;
+    for (;;) {
+      if (auto f = dec.next()) return *f;
+      const size_t n = sock.read_some(boost::asio::buffer(buf));
+      dec.feed(buf.data(), n);
+    }
+  };
+  send(MessageType::hello, 1, R"({"rank": 0, "world_size": 1})");
+  const auto ok = next();
+  ASSERT_EQ(ok.type, static_cast<uint16_t>(MessageType::hello_ok)) << ok.payload;
+  transport::Push push;
+  push.param_id = 5;
+  push.count = 1;
+  push.slot = 0;
+  send(MessageType::push, 0, transport::encode(push));
+  bool acked = false, refused = false;
+  for (int i = 0; i < 2; ++i) {
+    const auto f = next();
+    if (f.type == static_cast<uint16_t>(MessageType::push_ack)) {
+      EXPECT_EQ(transport::decode<transport::SlotAck>(f.payload).slot, 0u);
+      acked = true;
+    } else {
+      ASSERT_EQ(f.type, static_cast<uint16_t>(MessageType::error)) << f.payload;
+      const auto e = transport::decode<transport::ErrorMsg>(f.payload);
+      EXPECT_EQ(e.code, ErrorCode::bad_request);
+      EXPECT_NE(e.message.find("parameter id 5, which this session never handed out"),
+                std::string::npos)
+          << e.message;
+      refused = true;
+    }
+  }
+  EXPECT_TRUE(acked);
+  EXPECT_TRUE(refused);
+  send(MessageType::health, 2, "{}");
+  EXPECT_EQ(next().type, static_cast<uint16_t>(MessageType::health_ok));
   fs::remove_all(dir);
 }
 

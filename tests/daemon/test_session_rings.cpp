@@ -137,7 +137,11 @@ TEST(SessionRings, DirectWhileCreditsLastThenQueuedBytesInOrderThroughTheWriter)
   for (size_t i = 0; i < 4; ++i) {
     EXPECT_EQ(updates[i].offset, expected[i].first) << i;
     EXPECT_EQ(updates[i].slot, expected[i].second) << i;
+    // Binary chunks name the parameter by the session's id, not by name.
+    EXPECT_EQ(updates[i].param_id, 0u) << i;
+    EXPECT_EQ(updates[i].name, "") << i;
   }
+  EXPECT_EQ(session->param_name(0), "w");
   session->close("done");
   io.run_for(std::chrono::milliseconds(50));
 }
@@ -324,4 +328,24 @@ TEST(SessionRings, GatedFramesWaitInOrderUntilTheGateOpens) {
   EXPECT_FALSE(session->closed());
   session->close("done");
   io.run_for(std::chrono::milliseconds(50));
+}
+
+// The session's parameter ids: handed out 0, 1, 2 in first-named order, stable per name, and an
+// id never handed out refused with a message naming it (the push handler answers bad_request).
+TEST(SessionRings, ParameterIdsAreHandedOutInOrderAndUnknownOnesAreNamed) {
+  SessionOnPair pair([](const auto&, transport::Frame) {}, [](const auto&, const std::string&) {});
+  auto& session = pair.session;
+  EXPECT_EQ(session->param_id("a"), 0u);
+  EXPECT_EQ(session->param_id("b"), 1u);
+  EXPECT_EQ(session->param_id("a"), 0u);
+  EXPECT_EQ(session->param_id("c"), 2u);
+  EXPECT_EQ(session->param_name(1), "b");
+  try {
+    (void)session->param_name(3);
+    ADD_FAILURE() << "id 3 was never handed out";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("parameter id 3, which this session never handed out"),
+              std::string::npos)
+        << e.what();
+  }
 }
