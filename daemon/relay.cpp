@@ -1,6 +1,7 @@
 #include "daemon/relay.hpp"
 
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <utility>
 
 #include "client/client_error.hpp"
@@ -116,6 +117,29 @@ ErrorMsg Relay::error_of(const std::exception& e, int owner, const std::string& 
           name, step, -1};
 }
 
+ErrorMsg Relay::forward_error(const std::exception& e, int server, const RelayStep& step) {
+  ErrorMsg err = error_of(e, server, step.name, step.step);
+  if (dynamic_cast<const client::ConnectionLost*>(&e) == nullptr) return err;
+  std::vector<int> lost{step.owner};
+  const int buddy = step.owner >= 0 && step.owner < static_cast<int>(config_.buddies.size())
+                        ? config_.buddies[static_cast<size_t>(step.owner)]
+                        : -1;
+  if (step.failovers > 0 && buddy >= 0) lost.push_back(buddy);
+  auto servers = nlohmann::json::array();
+  {
+    std::lock_guard lk(targets_mu_);
+    for (int id : lost) {
+      const std::string& endpoint = config_.pool[static_cast<size_t>(id)];
+      const auto it = snapshots_.find(id);
+      if (it == snapshots_.end()) servers.push_back({endpoint});  // never said (no hello)
+      else servers.push_back({endpoint, it->second.first, it->second.second});
+    }
+  }
+  err.message += "\nsnapshots of the lost servers (JSON): " +
+                 servers.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return err;
+}
+
 int Relay::target_of(int owner) {
   std::lock_guard lk(targets_mu_);
   const auto it = targets_.find(owner);
@@ -145,6 +169,7 @@ bool Relay::fail_over(int owner, int from, const std::string& why) {
     const auto it = connections_.find(from);
     if (it != connections_.end()) {
       if (it->second) it->second->abandon("lost: " + why);
+      lost_.insert(from);
       dead = std::move(it->second);
       connections_.erase(it);
     }
@@ -194,6 +219,11 @@ void Relay::register_all(int server, client::Connection& conn, const std::vector
 }
 
 std::shared_ptr<client::Connection> Relay::connection(int server) {
+  return connection(server, config_.connect_timeout);
+}
+
+std::shared_ptr<client::Connection> Relay::connection(int server,
+                                                      std::chrono::milliseconds connect_timeout) {
   if (server < 0 || server >= static_cast<int>(config_.pool.size()) ||
       server == config_.server_id) {
     throw InvalidArgument("relay: no owner " + std::to_string(server) + " in a pool of " +
@@ -205,7 +235,8 @@ std::shared_ptr<client::Connection> Relay::connection(int server) {
     std::lock_guard lk(connections_mu_);
     auto& c = connections_[server];
     if (c && c->lost_reason().empty()) alive = c;
-    else c.reset();
+    else if (c) lost_.insert(server);
+    if (!alive) c.reset();
   }
   // The owners whose parameters go to `server`: all of them on a new session (the server
   // restarted, or the connection broke), those failed over to it since on an existing one.
@@ -239,8 +270,16 @@ std::shared_ptr<client::Connection> Relay::connection(int server) {
   auto fresh = std::make_shared<client::Connection>(
       endpoint, transport::relay_rank(config_.world_size, config_.server_id), config_.world_size,
       "muon-offloadd at " + config_.pool[static_cast<size_t>(config_.server_id)],
-      config_.connect_timeout, config_.op_timeout, tcp ? config_.remote_plane : config_.local_plane,
+      connect_timeout, config_.op_timeout, tcp ? config_.remote_plane : config_.local_plane,
       config_.auth_token, config_.server_id);
+  {
+    std::lock_guard lk(connections_mu_);
+    lost_.erase(server);
+  }
+  if (auto said = fresh->snapshot_config()) {
+    std::lock_guard lk(targets_mu_);
+    snapshots_[server] = std::move(*said);
+  }
   // Callbacks first (the owner sends unasked updates as soon as a registration is whole again),
   // and in the map before any wait, so that ~Relay can abandon it.
   watch(fresh, server);
@@ -259,6 +298,33 @@ std::shared_ptr<client::Connection> Relay::connection(int server) {
     throw;
   }
   return fresh;
+}
+
+std::shared_ptr<client::Connection> Relay::step_connection(int server, const RelayStep& step) {
+  const auto it = refused_.find(server);
+  if (it != refused_.end() && it->second.first == step.step) {
+    throw client::ConnectionLost(it->second.second);
+  }
+  // A failover's target was running when the step went there: refused, it is lost too. So is
+  // a lost owner that has a buddy: the step goes there rather than wait for a restart.
+  const bool failed_over = step.failovers > 0 || server != step.owner;
+  bool lost_with_buddy = false;
+  {
+    std::lock_guard lk(connections_mu_);
+    lost_with_buddy = lost_.count(server) != 0 && step.owner >= 0 &&
+                      step.owner < static_cast<int>(config_.buddies.size()) &&
+                      config_.buddies[static_cast<size_t>(step.owner)] >= 0;
+  }
+  try {
+    auto conn = connection(server, failed_over || lost_with_buddy
+                                       ? config_.failover_connect_timeout
+                                       : config_.connect_timeout);
+    refused_.erase(server);
+    return conn;
+  } catch (const client::ConnectionLost& e) {
+    refused_[server] = {step.step, e.message()};
+    throw;
+  }
 }
 
 void Relay::watch(const std::shared_ptr<client::Connection>& conn, int owner) {
@@ -305,11 +371,12 @@ void Relay::watch(const std::shared_ptr<client::Connection>& conn, int owner) {
       for (auto& [deliver, st] : lost) {
         post_([deliver, st = std::move(st)]() mutable { deliver(std::move(st)); });
       }
-      // Connect again (registering everything again) without waiting for a step to need it.
+      // Connect again (registering everything again) without waiting for a step to need it;
+      // briefly (the sender waits on it): a server not up yet is the next step's to wait for.
       if (!stopping_ && !lost.empty()) {
         sender_.push([this, owner] {
           try {
-            connection(resolve(owner));
+            connection(resolve(owner), config_.failover_connect_timeout);
           } catch (const std::exception&) {  // the next step that needs it tries again
           }
         });
@@ -423,7 +490,7 @@ void Relay::forward(RelayStep step, std::function<void(RelayStep)> done) {
     };
     const int server = resolve(step.owner);
     try {
-      conn = connection(server);
+      conn = step_connection(server, step);
       std::vector<uint16_t> narrow;
       for (const auto& r : step.push) {
         const float* src = step.grad.data() + r.begin;
@@ -441,7 +508,7 @@ void Relay::forward(RelayStep step, std::function<void(RelayStep)> done) {
       conn->commit(step.name, step.step);
     } catch (const std::exception& e) {
       if (again(step, e, server, done)) return;
-      step.error = error_of(e, server, step.name, step.step);
+      step.error = forward_error(e, server, step);
       landed(step);
       post_([done, step = std::move(step)]() mutable { done(std::move(step)); });
       return;
@@ -452,7 +519,7 @@ void Relay::forward(RelayStep step, std::function<void(RelayStep)> done) {
         if (!step.want.empty()) take_update(*conn, step);
       } catch (const std::exception& e) {
         if (again(step, e, server, done)) return;
-        step.error = error_of(e, server, step.name, step.step);
+        step.error = forward_error(e, server, step);
       }
       landed(step);
       post_([done, step = std::move(step)]() mutable { done(std::move(step)); });

@@ -55,6 +55,10 @@ struct RelayConfig {
   transport::DataPlane remote_plane = transport::DataPlane::shm;
   std::string auth_token;  ///< the pool's token (tcp endpoints)
   std::chrono::milliseconds connect_timeout{10000};
+  /// Connecting to the other of the pair (owner, buddy) when a step fails over: a running
+  /// server already (it holds the replicas, or took them back), so a refused connect means it
+  /// is lost too, not still starting; this bounds the wait before the "both lost" error.
+  std::chrono::milliseconds failover_connect_timeout{1000};
   std::chrono::milliseconds op_timeout{120000};
   /// By server id: its buddy (plan servers[].buddy, -1 none): where its parameters go when it
   /// is lost. Empty: no failover (a lost owner is connected to again at the next step).
@@ -144,6 +148,15 @@ class Relay {
   /// registers the parameters that failed over to it since. Sender thread only. Throws what
   /// Connection throws.
   std::shared_ptr<client::Connection> connection(int server);
+  /// connection(server), connecting within `connect_timeout` when there is none.
+  std::shared_ptr<client::Connection> connection(int server,
+                                                 std::chrono::milliseconds connect_timeout);
+  /// connection(server) for forwarding `step`: within config_.failover_connect_timeout when
+  /// the step went there by a failover, or `server` was lost and the owner has a buddy; at once a ConnectionLost when `server` refused a
+  /// connection for another parameter's forward of the same step (so a step of P parameters
+  /// whose owner and buddy are both lost waits for each connect once, not P times). Sender
+  /// thread.
+  std::shared_ptr<client::Connection> step_connection(int server, const RelayStep& step);
   /// Registers every parameter of plan owners `owners` on `conn` (to `server`) and posts each
   /// one's last applied step there (resync). Sender thread.
   void register_all(int server, client::Connection& conn, const std::vector<int>& owners);
@@ -166,11 +179,19 @@ class Relay {
   /// An ErrorMsg for an exception thrown while talking to `owner` about (name, step).
   transport::ErrorMsg error_of(const std::exception& e, int owner, const std::string& name,
                                int64_t step) const;
+  /// error_of for a forwarded step that gave up on `server`; when the connection was lost, its
+  /// message ends with the line that names what the lost servers of the pair (the owner, and
+  /// the buddy once the step failed over) snapshot, as their hellos said, for the trainer's
+  /// count of the steps lost (muon_offload/crash_report.py, relay_lost_servers):
+  /// "\nsnapshots of the lost servers (JSON): [[endpoint, path, every] or [endpoint], ...]".
+  transport::ErrorMsg forward_error(const std::exception& e, int server,
+                                    const RelayStep& step);
 
   RelayConfig config_;
   Post post_;
   std::mutex connections_mu_;  // connections_: written by the sender, abandoned by ~Relay
   std::map<int, std::shared_ptr<client::Connection>> connections_;
+  std::set<int> lost_;  // servers whose connection was lost, not made again; connections_mu_
   std::atomic<bool> stopping_{false};  // ~Relay began: connection() refuses to connect
   /// Parameters whose updates the owner sends unasked, by name: a prototype RelayStep (name,
   /// owner, dtypes, numel, want) and where each goes. Read on the connections' reader threads.
@@ -183,9 +204,13 @@ class Relay {
   std::map<std::string, Subscription> subscriptions_;
   std::set<std::pair<std::string, int64_t>> in_flight_;  // forwarded, answer not taken yet
   std::map<int, std::vector<transport::RegisterParam>> registered_;  // by owner; sender thread
+  /// By server: the step whose forward it last refused a connection to, and why; sender thread.
+  std::map<int, std::pair<int64_t, std::string>> refused_;
   std::mutex targets_mu_;        // targets_, moved_
   std::map<int, int> targets_;   // plan owner -> the server its parameters go to (absent: itself)
   std::map<int, std::set<int>> moved_;  // server -> owners failed over to it, not registered yet
+  /// By server: (--snapshot path, --snapshot-every) as its last hello said; under targets_mu_.
+  std::map<int, std::pair<std::string, int64_t>> snapshots_;
   Queue sender_;
   std::thread sender_thread_;
   /// One waiter thread per owner: a slow or hung owner delays only its own answers.

@@ -6,14 +6,22 @@ steps whose momentum is gone are counted, and how to resume.
 A server's snapshot is a safetensors file (daemon/snapshot.hpp): a u64 little-endian header
 length, then a JSON header whose ``__metadata__`` holds ``"step:<name>"``, the last step applied
 to each parameter's momentum. Only the header is read.
+
+A trainer behind a relay learns what its lost servers snapshot from the relay's error instead
+(daemon/relay.cpp, Relay::forward_error): :func:`relay_lost_servers` reads that line.
 """
 from __future__ import annotations
 
 import json
+import re
 import struct
-from typing import Dict, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-__all__ = ["snapshot_steps", "lost_steps_report"]
+__all__ = ["snapshot_steps", "lost_steps_report", "relay_lost_servers"]
+
+# The line of a relay's error about a forwarded step whose servers were lost (a JSON array
+# follows; the client library may add its source location after it).
+_RELAY_LOST = re.compile(r"^snapshots of the lost servers \(JSON\): ", re.MULTILINE)
 
 # A header larger than this is not one of ours (a parameter's entry is ~200 bytes).
 _MAX_HEADER = 1 << 28
@@ -45,6 +53,32 @@ def snapshot_steps(path: str) -> Optional[Dict[str, int]]:
             except ValueError:
                 return None
     return steps
+
+
+def relay_lost_servers(message: str) -> Optional[
+        Tuple[List[str], List[Tuple[bool, Optional[Tuple[str, int]]]]]]:
+    """``(endpoints, survival)`` for :func:`lost_steps_report` from a relay's PeerLost
+    ``message``: the servers it lost under a step (the owner, and its buddy after a failover),
+    each ``(True, (snapshot path, every))`` as its hello told the relay, or ``(True, None)`` when
+    the relay never heard it; None when the message has no such line (not a relay's, or not a
+    lost connection)."""
+    found = _RELAY_LOST.search(message)
+    if found is None:
+        return None
+    try:
+        entries, _ = json.JSONDecoder().raw_decode(message, found.end())
+    except ValueError:
+        return None
+    if not isinstance(entries, list):
+        return None
+    endpoints, survival = [], []
+    for e in entries:
+        if not isinstance(e, list) or not e or not isinstance(e[0], str):
+            return None
+        endpoints.append(e[0])
+        ok = len(e) == 3 and isinstance(e[1], str) and isinstance(e[2], int)
+        survival.append((True, (e[1], e[2]) if ok else None))
+    return endpoints, survival
 
 
 def lost_steps_report(servers: Sequence[str],

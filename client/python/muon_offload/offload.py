@@ -34,7 +34,7 @@ from .client import Client
 from .config import MuonConfig
 from ._native import ConnectionLost, InvalidArgument, MuonOffloadError, NonFiniteGradient
 from .errors import MUON_ERR_CONNECTION, MUON_ERR_PEER_LOST, PeerLost
-from .crash_report import lost_steps_report
+from .crash_report import lost_steps_report, relay_lost_servers
 from .failover import DirectFailover
 from .layouts import is_dtensor, local_tensor, replica_groups, shard_like, storage_layout
 from .muon_param import MuonParam, row_shard
@@ -410,6 +410,11 @@ class OffloadMuon(MuonOptimizerBase):
                 "momentum back into the server) unless the restored snapshot holds exactly this "
                 "step (then reconnect() finds nothing stale and step() goes on).") from None
         msg = str(e)
+        relayed = relay_lost_servers(msg) if isinstance(e, PeerLost) else None
+        if relayed is not None:  # a relay lost the owner (and its buddy): count the steps here
+            report = lost_steps_report(*relayed, self._last_steps())
+            if report:
+                raise e.with_message(f"{msg}\n{report}") from None
         if isinstance(e, _native.StepMismatch):  # by its cause code, step_mismatch
             raise e.with_message(
                 f"{msg}\nThe server's step for this parameter does not follow this optimizer's: "
@@ -426,8 +431,12 @@ class OffloadMuon(MuonOptimizerBase):
             survival = [self._client.snapshot_config(i) for i in range(len(self.servers))]
         except _native.MuonOffloadError:
             return ""
-        last = {self._meta[p].name: self._server_step(p) - 1 for p in self._muon_params}
-        return lost_steps_report(self.servers, survival, last)
+        return lost_steps_report(self.servers, survival, self._last_steps())
+
+    def _last_steps(self) -> Dict[str, int]:
+        """``{name the servers see: this optimizer's last applied step}`` of its Muon
+        parameters."""
+        return {self._meta[p].name: self._server_step(p) - 1 for p in self._muon_params}
 
     def _check_peers(self) -> None:
         """Raises PeerLost with the server's report when a server said a rank of this job was

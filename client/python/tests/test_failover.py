@@ -13,7 +13,9 @@ its replica, and the relay pushes the step in flight there again: the trainer se
 
 - no relay: the rank pushes straight to the owner (server 0, buddy 1) and fails over itself
   (muon_offload/failover.py): the same soak, bitwise;
-- both of the pair killed: the error says so and counts the steps lost against the snapshot;
+- both of the pair killed: the error says so and counts the steps lost against the snapshot,
+  for a rank pushing straight to the owner and for one behind the relay (whose error names
+  what the lost servers snapshot: the rank counts);
 - 2 gloo ranks, rank 0 behind the relay and rank 1 straight to the owner: the same soak while
   both step on (failover_worker.py), bitwise on both ranks;
 - the buddy killed alone: a warning in the owner's log, training goes on bitwise, the restarted
@@ -35,7 +37,7 @@ import torch.multiprocessing as mp
 
 import failover_worker
 from helpers import TinyNet, free_port, param_diff, same_params, train
-from muon_offload import ConnectionLost, crash_report
+from muon_offload import ConnectionLost, PeerLost, crash_report
 from muon_offload.torch import InProcessMuon, OffloadMuon
 from pool import (failover_plan, kill_owners, replicas, server_logs, shm_segments, start_pool,
                   status, train_until_replicated)
@@ -218,6 +220,47 @@ def test_owner_and_buddy_both_killed_the_error_counts_the_steps_lost(tmpdir_priv
                 "parameter(s), this optimizer is at step 4: the momentum of 1 step(s) (4..4) "
                 "is lost (it snapshots every 2 step(s))") in msg, msg
         assert f"restart it with `--restore {snaps[0]}`" in msg, msg
+    finally:
+        opt.close()
+        for s in servers:
+            s.stop()
+
+
+def test_owner_and_buddy_both_killed_behind_the_relay_the_error_counts_the_steps_lost(
+        tmpdir_private):
+    """The same behind relay server 0: the relay fails the step over to the buddy, finds it gone
+    too (within its 1 s failover connect wait, not 10 s), and answers PeerLost naming what
+    the lost servers snapshot; the rank counts the steps lost against the owner's snapshot
+    (step 3, the optimizer at step 4: 1 step)."""
+    snaps = [str(tmpdir_private / f"s{i}.safetensors") for i in range(3)]
+    socks, servers, _ = start_pool(
+        tmpdir_private, failover_plan(MUON)[0],
+        extra=lambda i: ["--snapshot", snaps[i], "--snapshot-every", "2"])
+    m = TinyNet()
+    opt = OffloadMuon(m.named_parameters(), servers=socks[:1], **KW)
+    try:
+        train(m, opt, 4)  # steps 0-3: the owner's periodic snapshots after steps 1 and 3
+        give_up = time.monotonic() + 60
+        while (crash_report.snapshot_steps(snaps[1]) or {}).get(MUON[0]) != 3:
+            assert time.monotonic() < give_up, "the periodic snapshot of step 3 never appeared"
+            time.sleep(0.01)
+        train(m, opt, 1, start=4)
+        servers[1].kill()
+        servers[2].kill()
+        began = time.monotonic()
+        with pytest.raises(PeerLost) as e:
+            train(m, opt, 1, start=5)
+        waited = time.monotonic() - began
+        msg = str(e.value)
+        assert "cannot reach owner server" in msg and "Connection refused" in msg, msg
+        assert (f"Server {socks[1]}: lost; its snapshot {snaps[1]} holds step 3 of its 4 "
+                "parameter(s), this optimizer is at step 4: the momentum of 1 step(s) (4..4) "
+                "is lost (it snapshots every 2 step(s))") in msg, msg
+        assert f"restart it with `--restore {snaps[1]}`" in msg, msg
+        assert f"Server {socks[2]}: lost" in msg, msg  # the buddy, which the relay never heard
+        assert waited < 8.0, (f"the relay took {waited:.1f} s to give up on both\n"
+                              + server_logs(servers[:1]))
+        print(f"\nowner and buddy killed behind the relay: PeerLost after {waited:.2f} s")
     finally:
         opt.close()
         for s in servers:
