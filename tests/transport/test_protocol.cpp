@@ -80,13 +80,14 @@ TEST(Frame, BadHeadersAreRefusedAndTheDecoderStaysFailed) {
 TEST(Frame, BufferedCountsTheHeaderOfAnIncompleteFrame) {
   // fuzz_frame input: a health frame, then a commit frame whose last 3 payload bytes have not
   // arrived yet. buffered() said 18 (the header already parsed was not counted), not 34.
-  const std::string bytes(
-      "MUON\x01\x00\x04\x00\x00\x00\x00\x00\x09\x00\x00\x00"  // health, request 9
-      "MUON\x01\x00\x0a\x00\x15\x00\x00\x00\x04\x00\x00\x00"  // commit, 21 bytes, request 4
-      R"({"name":"w","step")",                                // 18 of the 21 payload bytes
-      50);
+  // The frames are encoded here so the input speaks this build's protocol version.
+  auto bytes = encode_frame({4, 9, ""});                                   // health, request 9
+  const auto commit_frame = encode_frame({10, 4, R"({"name":"w","step":7})"});  // 21-byte payload
+  ASSERT_EQ(commit_frame.size(), 16u + 21u);
+  bytes.insert(bytes.end(), commit_frame.begin(), commit_frame.end() - 3);  // 18 of the 21
+  ASSERT_EQ(bytes.size(), 50u);
   FrameDecoder d;
-  d.feed(reinterpret_cast<const std::byte*>(bytes.data()), bytes.size());
+  d.feed(bytes.data(), bytes.size());
   EXPECT_EQ(d.buffered(), 50u);
   const auto health = d.next();
   ASSERT_TRUE(health.has_value());
@@ -94,8 +95,7 @@ TEST(Frame, BufferedCountsTheHeaderOfAnIncompleteFrame) {
   EXPECT_EQ(d.buffered(), 34u);
   EXPECT_FALSE(d.next().has_value());
   EXPECT_EQ(d.buffered(), 34u);
-  const std::string rest = ":7}";
-  d.feed(reinterpret_cast<const std::byte*>(rest.data()), rest.size());
+  d.feed(commit_frame.data() + commit_frame.size() - 3, 3);
   const auto commit = d.next();
   ASSERT_TRUE(commit.has_value());
   EXPECT_EQ(commit->payload, R"({"name":"w","step":7})");
