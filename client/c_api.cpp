@@ -237,8 +237,13 @@ int muon_client_update_ready(muon_client* c, const char* name, int64_t step) {
 
 int muon_client_fetch_momentum(muon_client* c, const char* name, float* dst, int64_t numel,
                                int64_t* last_step) {
+  return muon_client_fetch_momentum_after(c, name, -1, dst, numel, last_step);
+}
+
+int muon_client_fetch_momentum_after(muon_client* c, const char* name, int64_t after_step,
+                                     float* dst, int64_t numel, int64_t* last_step) {
   return guarded([&] {
-    auto m = c->impl->fetch_momentum(name, last_step);
+    auto m = c->impl->fetch_momentum(name, last_step, after_step);
     if (static_cast<int64_t>(m.size()) != numel) {
       throw muon::InvalidArgument("parameter '" + std::string(name) + "' has " +
                                   std::to_string(m.size()) + " elements, buffer holds " +

@@ -367,11 +367,12 @@ void Client::set_update_callback(UpdateCallback cb) {
   callback_ = std::move(cb);
 }
 
-std::vector<float> Client::fetch_momentum(const std::string& name, int64_t* last_step) {
+std::vector<float> Client::fetch_momentum(const std::string& name, int64_t* last_step,
+                                          int64_t after_step) {
   const auto& reg = registration(name);
   int64_t numel = 1;
   for (auto d : reg.shape) numel *= d;
-  return owner(name).fetch_momentum(name, numel, last_step);
+  return owner(name).fetch_momentum(name, numel, last_step, after_step);
 }
 
 void Client::load_momentum(const std::string& name, int64_t step, const float* values) {

@@ -197,8 +197,10 @@ class Client {
   /// callback must not block on the client.
   void set_update_callback(UpdateCallback cb);
 
-  /// The server-held fp32 momentum of a parameter (all elements) and its last applied step.
-  std::vector<float> fetch_momentum(const std::string& name, int64_t* last_step = nullptr);
+  /// The server-held fp32 momentum of a parameter (all elements) and its last applied step;
+  /// with after_step >= 0, once the step has reached it (transport::StateFetch::after_step).
+  std::vector<float> fetch_momentum(const std::string& name, int64_t* last_step = nullptr,
+                                    int64_t after_step = -1);
   /// Loads momentum into the server (for state_dict loading); `step` is its last applied step.
   void load_momentum(const std::string& name, int64_t step, const float* values);
   /// Asks server `server` to snapshot to `path` (empty: its configured path); returns the path.

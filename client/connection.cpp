@@ -476,14 +476,15 @@ bool Connection::take_update(const std::string& name, int64_t step,
 }
 
 std::vector<float> Connection::fetch_momentum(const std::string& name, int64_t numel,
-                                              int64_t* last_step) {
+                                              int64_t* last_step, int64_t after_step) {
   {
     std::lock_guard lk(mu_);
     auto& p = params_[name];
     p.momentum.assign(static_cast<size_t>(numel), 0.0f);
     p.momentum_ready = false;
   }
-  send_frame(MessageType::state_fetch, transport::encode(transport::StateFetch{name}));
+  send_frame(MessageType::state_fetch,
+             transport::encode(transport::StateFetch{name, after_step}));
   std::unique_lock lk(mu_);
   auto& p = params_[name];
   const bool ok = cv_.wait_until(

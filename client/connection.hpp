@@ -125,8 +125,10 @@ class Connection {
   /// True when the update of (name, step) is complete.
   bool update_ready(const std::string& name, int64_t step);
 
-  /// Fetches the full fp32 momentum and its last applied step.
-  std::vector<float> fetch_momentum(const std::string& name, int64_t numel, int64_t* last_step);
+  /// Fetches the full fp32 momentum and its last applied step; with after_step >= 0 the server
+  /// answers once the parameter's step has reached it (transport::StateFetch::after_step).
+  std::vector<float> fetch_momentum(const std::string& name, int64_t numel, int64_t* last_step,
+                                    int64_t after_step = -1);
 
   /// Asks for a snapshot; returns the path written.
   std::string snapshot(const std::string& path);

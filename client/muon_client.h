@@ -144,6 +144,12 @@ int muon_client_update_ready(muon_client* c, const char* name, int64_t step);
 /* Momentum (fp32, all numel elements) of a parameter, and its last applied step. */
 int muon_client_fetch_momentum(muon_client* c, const char* name, float* dst, int64_t numel,
                                int64_t* last_step);
+/* The same once the parameter's step has reached after_step (the caller's last optimizer step;
+   -1: now): a rank that wants no update of the parameter returns from its step before the
+   others have pushed theirs. The server answers at the latest after its step timeout, with what
+   it holds then. */
+int muon_client_fetch_momentum_after(muon_client* c, const char* name, int64_t after_step,
+                                     float* dst, int64_t numel, int64_t* last_step);
 int muon_client_load_momentum(muon_client* c, const char* name, int64_t step, const float* src,
                               int64_t numel);
 int muon_client_snapshot(muon_client* c, int server, const char* path);

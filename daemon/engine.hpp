@@ -5,7 +5,7 @@
 //
 // The member functions live by stage (the data flows top to bottom):
 //   ingress/dispatch.cpp   on_frame and the mapping of exceptions to error codes
-//   ingress/hello.cpp      hello: token, world size, the session's data plane
+//   ingress/hello.cpp      hello: token, world size, the session's data plane (planes/)
 //   registry/registry.cpp  registration and re-registration
 //   ingress/push.cpp       push and commit frames into the step's reducer
 //   step/engine_steps.cpp  per-parameter phases (step/param_state.hpp), timers, lost ranks,
@@ -106,6 +106,13 @@ class Engine {
   void on_commit(const SessionPtr& s, const transport::Frame& f);
   void on_snapshot(const SessionPtr& s, const transport::Frame& f);
   void on_state_fetch(const SessionPtr& s, const transport::Frame& f);
+  /// Whether a state fetch of `p` expecting `after_step` must wait: a step is computing or
+  /// replicating (the worker owns the momentum), or the parameter has not reached the step.
+  bool fetch_must_wait(const Param& p, int64_t after_step) const;
+  /// Answers a state fetch now: the momentum, or an error named after the parameter.
+  void answer_fetch(const SessionPtr& s, const std::string& name, uint32_t request_id);
+  /// Answers the held fetches that need not wait any more (after a step ends or is dropped).
+  void release_fetches();
   void on_step_report(const SessionPtr& s, const transport::Frame& f);
   /// Momentum loading (a push of kind momentum). Throws InvalidArgument while a step is open.
   void load_momentum(const transport::Push& m, Param& p, std::span<const float> values);
@@ -239,6 +246,17 @@ class Engine {
   int world_size_ = 0;
   std::vector<std::pair<std::weak_ptr<Session>, std::pair<std::string, uint32_t>>>
       snapshot_waiters_;
+  /// State fetches waiting for their parameter's step (fetch_must_wait), by arrival; each
+  /// answered at the latest after the step timeout (its timer).
+  struct HeldFetch {
+    std::weak_ptr<Session> session;
+    std::string name;
+    int64_t after_step = -1;
+    uint32_t request_id = 0;
+    std::unique_ptr<boost::asio::steady_timer> timer;
+  };
+  std::map<uint64_t, HeldFetch> held_fetches_;
+  uint64_t next_fetch_ = 0;
   std::vector<float> widen_;                           // bf16 -> fp32 scratch for pushes
   std::map<uint64_t, transport::StepReport> reports_;  // last step report, by session id
   /// A periodic snapshot being collected: the step, the copies of the parameters that have it.

@@ -142,16 +142,18 @@ void Session::write_next() {
                     });
 }
 
-void Session::send_chunk(transport::Update msg, std::vector<std::byte> data) {
+void Session::send_chunk(transport::Update msg, transport::DType dtype,
+                         std::vector<std::byte> data) {
   if (closed_) return;
-  pending_.emplace_back(std::move(msg), std::move(data));
+  pending_.push_back({std::move(msg), dtype, std::move(data)});
   flush_chunks();
 }
 
-void Session::use_device_rings(DeviceRingsPtr rings, uint32_t rx_slots, RxWriter writer) {
-  device_rings = std::move(rings);
-  device_rx_slots_ = rx_slots;
-  rx_writer_ = std::move(writer);
+void Session::use_plane(std::unique_ptr<ServerPlane> plane) {
+  plane_ = std::move(plane);
+  if (plane_->gates_frames()) {
+    gate_frames([p = plane_.get()](const Frame& f) { return p->frame_ready(f); });
+  }
 }
 
 void Session::set_data_plane_ready() {
@@ -165,9 +167,9 @@ void Session::set_data_plane_ready() {
 }
 
 std::optional<uint32_t> Session::take_rx_slot() {
-  if (!data_plane_ready_) return std::nullopt;
+  if (!data_plane_ready_ || !plane_) return std::nullopt;
   if (rx_credits_.size() == 0) {
-    rx_credits_.assign(segment ? segment->layout().rx_slots : device_rx_slots_);
+    rx_credits_.assign(plane_->rx_slots());
   }
   return rx_credits_.acquire();  // nullopt: no credit, wait for an update_ack
 }
@@ -227,16 +229,14 @@ void Session::data_plane_failed(const std::string& what) {
 }
 
 void Session::flush_chunks() {
-  if (!segment && !rx_writer_) return;
+  if (!plane_) return;
   while (!pending_.empty()) {
     const auto slot = take_rx_slot();
     if (!slot) return;
-    auto [msg, data] = std::move(pending_.front());
+    auto chunk = std::move(pending_.front());
     pending_.pop_front();
-    const bool written = announce(msg, *slot, [&]() -> AfterFrame {
-      if (rx_writer_) return rx_writer_(*slot, msg, data);
-      std::memcpy(segment->rx_slot(*slot), data.data(), data.size());
-      return {};
+    const bool written = announce(chunk.msg, *slot, [&] {
+      return plane_->write_host(*slot, chunk.data.data(), chunk.data.size(), chunk.dtype);
     });
     if (!written) return;
   }
@@ -268,11 +268,11 @@ void Session::finish(const std::string& why) {
   write_queue_.clear();
   if (gate_timer_) gate_timer_->cancel();
   gate_ = nullptr;
-  if (segment) transport::ShmSegment::remove(segment->name());  // in case the client never mapped
+  if (plane_) plane_->closing();
   on_close_(shared_from_this(), why);
-  segment.reset();  // unmap: the kernel frees the pages once the client unmapped too
-  rx_writer_ = nullptr;
-  device_rings.reset();  // device rings: freed (cudaFree waits for the work queued on them)
+  // Shared memory unmapped (the kernel frees the pages once the client unmapped too), device
+  // rings freed (cudaFree waits for the work queued on them).
+  plane_.reset();
 }
 
 }  // namespace muon::daemon

@@ -1,5 +1,6 @@
-// One client connection: its socket, its frame decoder, its write queue and its shared-memory
-// rings. A session moves bytes and frames; what the frames mean is the Engine's job.
+// One client connection: its socket, its frame decoder, its write queue, its data plane
+// (daemon/planes/server_plane.hpp) and the credits of its result ring. A session moves bytes and
+// frames; what the frames mean is the Engine's job.
 #pragma once
 
 #include "transport/asio.hpp"
@@ -15,11 +16,10 @@
 #include <unordered_map>
 #include <vector>
 
-#include "daemon/device_plane.hpp"
+#include "daemon/planes/server_plane.hpp"
 #include "transport/credit_ring.hpp"
 #include "transport/frame.hpp"
 #include "transport/messages.hpp"
-#include "transport/shm_segment.hpp"
 
 namespace muon::daemon {
 
@@ -38,7 +38,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void start();
   /// What must follow a frame once it is written to the socket (io thread): on the nccl plane
   /// the ncclSend of the result slot the frame announces. Empty: nothing.
-  using AfterFrame = std::function<void()>;
+  using AfterFrame = daemon::AfterFrame;
   /// Queues a frame for sending (io thread only); `after` runs on the io thread once the frame's
   /// bytes are in the socket (never when the session closes first, or is closing: the client
   /// will not take the transfer then). An `after` that throws ends the session as a failed data
@@ -47,13 +47,13 @@ class Session : public std::enable_shared_from_this<Session> {
             AfterFrame after = {});
   /// Sends an error message (io thread only).
   void send_error(const transport::ErrorMsg& error, uint32_t request_id = 0);
-  /// Queues an update chunk: copied into a free rx slot and announced with an `update` frame as
-  /// soon as a slot is free (credit-based flow control). `data` holds msg.count elements.
-  void send_chunk(transport::Update msg, std::vector<std::byte> data);
-  /// Writes a chunk into result slot `slot` (the GPU data plane: a device-to-device copy or a
-  /// host-to-device one, its ready event recorded) and returns what must follow the update frame
-  /// that announces it (nccl: the slot's ncclSend; cuda_ipc: nothing, the client copies the slot
-  /// itself after the frame). Throws DeviceError.
+  /// Queues an update chunk: written into a free rx slot through the data plane (write_host) and
+  /// announced with an `update` frame as soon as a slot is free (credit-based flow control).
+  /// `data` holds msg.count elements of `dtype`. Dropped when the session has no plane yet or is
+  /// closed.
+  void send_chunk(transport::Update msg, transport::DType dtype, std::vector<std::byte> data);
+  /// Writes a chunk into result slot `slot` (e.g. ServerPlane::write_update: device to device)
+  /// and returns what must follow the update frame that announces it. Throws DeviceError.
   using SlotWrite = std::function<AfterFrame(uint32_t slot)>;
   /// Writes an update chunk straight into a free rx slot with `write(slot)` and announces it,
   /// when a slot is free and no chunk is waiting; returns false otherwise (send the chunk's bytes
@@ -64,13 +64,12 @@ class Session : public std::enable_shared_from_this<Session> {
   /// before its frame is written spins on the GPU until the client reads the frame, and any
   /// device-wide synchronization on this io thread in between would wait for it forever).
   bool send_chunk_direct(transport::Update msg, const SlotWrite& write);
-  /// Writes the bytes of chunks that waited for a credit into an rx slot (set for sessions whose
-  /// rings are not host shared memory); returns what follows the frame, as SlotWrite.
-  using RxWriter = std::function<AfterFrame(uint32_t slot, const transport::Update& msg,
-                                            const std::vector<std::byte>& data)>;
-  /// Makes this a GPU data plane session: its rings are `rings` (rx_slots result slots), chunks
-  /// queued by send_chunk are written with `writer`.
-  void use_device_rings(DeviceRingsPtr rings, uint32_t rx_slots, RxWriter writer);
+  /// Gives the session its data plane (after the hello, io thread): chunks are read and written
+  /// through it, its rx_slots() are the result ring's credits, and a plane that gates_frames()
+  /// is asked before each frame is handled (gate_frames). Once per session.
+  void use_plane(std::unique_ptr<ServerPlane> plane);
+  /// The session's data plane; null before the hello and after the session closed.
+  ServerPlane* plane() const { return plane_.get(); }
   /// A client returned rx slot `slot` (update_ack). Throws ProtocolError for a slot not in use.
   void release_rx_slot(uint32_t slot);
   /// Closes the connection after flushing queued frames; the close handler runs once.
@@ -87,8 +86,6 @@ class Session : public std::enable_shared_from_this<Session> {
   /// Accepted on the TCP listener: the hello must carry the server's token, and only health is
   /// answered before it.
   bool tcp = false;
-  /// On the nccl data plane (transfers are matched in order with the client's).
-  bool nccl = false;
   /// TCP sessions: closes the session when no hello came in time (set by the Server).
   std::unique_ptr<boost::asio::steady_timer> hello_timer;
   /// The data plane may be used (false while an nccl session's communicators are being joined).
@@ -113,9 +110,6 @@ class Session : public std::enable_shared_from_this<Session> {
   void gate_frames(FrameGate gate);
   static constexpr std::chrono::microseconds kGatePoll{20};
   std::string client_name;
-  std::optional<transport::ShmSegment> segment;
-  /// The session's exported device rings (cuda_ipc data plane); null for shm sessions.
-  DeviceRingsPtr device_rings;
   /// Chunks waiting for an rx slot.
   size_t pending_chunks() const { return pending_.size(); }
   /// The id this session's chunks name parameter `name` by (transport/chunk_header.hpp): the
@@ -170,10 +164,14 @@ class Session : public std::enable_shared_from_this<Session> {
   bool closed_ = false;
   std::string close_reason_;
   transport::CreditRing rx_credits_;  // the rx ring's slots
-  uint32_t device_rx_slots_ = 0;
-  RxWriter rx_writer_;
+  std::unique_ptr<ServerPlane> plane_;
   bool data_plane_ready_ = true;
-  std::deque<std::pair<transport::Update, std::vector<std::byte>>> pending_;
+  struct PendingChunk {
+    transport::Update msg;
+    transport::DType dtype;
+    std::vector<std::byte> data;
+  };
+  std::deque<PendingChunk> pending_;
   std::deque<transport::Frame> held_frames_;  // while the data plane is held or the gate says no
   FrameGate gate_;
   std::unique_ptr<boost::asio::steady_timer> gate_timer_;

@@ -280,7 +280,9 @@ std::string encode(const SnapshotOk& m) {
   return json{{"path", m.path}, {"parameters", m.parameters}}.dump();
 }
 std::string encode(const StateFetch& m) {
-  return json{{"name", m.name}}.dump();
+  json j{{"name", m.name}};
+  if (m.after_step >= 0) j["after_step"] = m.after_step;
+  return j.dump();
 }
 std::string encode(const StepReport& m) {
   return json{{"step", m.step},
@@ -451,7 +453,9 @@ SnapshotOk decode<SnapshotOk>(const std::string& p) {
 template <>
 StateFetch decode<StateFetch>(const std::string& p) {
   Reader r(p, "state_fetch");
-  return {r.str("name", kMaxName)};
+  StateFetch m{r.str("name", kMaxName)};
+  if (r.has("after_step")) m.after_step = r.i64("after_step", 0, kMaxStep);
+  return m;
 }
 template <>
 StepReport decode<StepReport>(const std::string& p) {

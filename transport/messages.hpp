@@ -249,6 +249,11 @@ struct SnapshotOk {
 
 struct StateFetch {
   std::string name;
+  /// The step the asker expects the momentum to hold (its optimizer's last step), -1 for
+  /// whatever the server holds now. The server answers once the parameter's step has reached it
+  /// and none is computing, or after its step timeout with what it holds: a rank that wants no
+  /// update of the parameter (an empty shard) finishes its step() before the others' pushes.
+  int64_t after_step = -1;
 };
 
 /// What a compute rank saw of one optimizer step, sent once it holds every update of the step

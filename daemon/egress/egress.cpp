@@ -1,5 +1,5 @@
 // Egress: a step's update cut into each wanting rank's chunks (device-to-device into a result
-// slot where the session allows, else host bytes), momentum chunks of a state fetch, errors to a
+// slot where the session's data plane takes device updates, else host bytes), momentum chunks of a state fetch, errors to a
 // parameter's ranks.
 #include "daemon/engine.hpp"
 
@@ -40,8 +40,9 @@ void Engine::send_update(const std::string& name, Param& p, NsJob& job, int only
   const DType dt = p.layout->spec.update_dtype;
   const size_t esize = transport::dtype_bytes(dt);
   const int64_t per_chunk = static_cast<int64_t>(config_.layout.slot_bytes / esize);
-  // GPU data plane: cuda_ipc sessions get device-to-device copies into their result slots; a
-  // chunk that must wait for a credit, and every chunk of a shm session, goes through host bytes
+  // GPU data plane: sessions whose plane takes device updates (cuda_ipc, nccl) get
+  // device-to-device copies into their result slots; a chunk that must wait for a credit, and
+  // every chunk of a shm session, goes through host bytes
   // (on the GPU data plane read back once per step, when the first such chunk needs them).
   DeviceParamState* device = p.storage->device_state();
   const float* host = nullptr;
@@ -72,15 +73,17 @@ void Engine::send_update(const std::string& name, Param& p, NsJob& job, int only
         u.applied = job.applied;
         const size_t bytes = static_cast<size_t>(count) * esize;
         metrics_.chunk_returned(transport::ChunkKind::gradient, bytes);
-        if (device != nullptr && s->device_rings && s->send_chunk_direct(u, [&](uint32_t slot) {
-              return device_->send_update(*s->device_rings, slot, *device, off, count, dt);
+        ServerPlane* plane = s->plane();
+        if (device != nullptr && plane && plane->writes_device_updates() &&
+            s->send_chunk_direct(u, [&](uint32_t slot) {
+              return plane->write_update(slot, *device, off, count, dt);
             })) {
           continue;
         }
         std::vector<std::byte> data(bytes);
         const float* src = host_update() + off;
         narrow_from_f32(dt, {src, static_cast<size_t>(count)}, data.data());
-        s->send_chunk(std::move(u), std::move(data));
+        s->send_chunk(std::move(u), dt, std::move(data));
       }
     }
   }
@@ -117,9 +120,10 @@ void Engine::send_packed_update(const std::string& name, Param& p, NsJob& job, S
     for_each_packed_piece(want, prefix, at, count, [&](size_t, int64_t e, int64_t, int64_t) {
       if (pieces++ == 0) element = e;
     });
-    if (pieces == 1 && device != nullptr && s.device_rings &&
+    ServerPlane* plane = s.plane();
+    if (pieces == 1 && device != nullptr && plane && plane->writes_device_updates() &&
         s.send_chunk_direct(u, [&](uint32_t slot) {
-          return device_->send_update(*s.device_rings, slot, *device, element, count, dt);
+          return plane->write_update(slot, *device, element, count, dt);
         })) {
       continue;
     }
@@ -130,7 +134,7 @@ void Engine::send_packed_update(const std::string& name, Param& p, NsJob& job, S
                             narrow_from_f32(dt, {src + e, static_cast<size_t>(n)},
                                             data.data() + static_cast<size_t>(pos - at) * esize);
                           });
-    s.send_chunk(std::move(u), std::move(data));
+    s.send_chunk(std::move(u), dt, std::move(data));
   }
 }
 
@@ -149,7 +153,7 @@ void Engine::send_momentum(const SessionPtr& s, const std::string& name, int64_t
     u.kind = transport::ChunkKind::momentum;
     u.last = off + count == n;
     metrics_.chunk_returned(transport::ChunkKind::momentum, data.size());
-    s->send_chunk(std::move(u), std::move(data));
+    s->send_chunk(std::move(u), DType::f32, std::move(data));
   }
 }
 

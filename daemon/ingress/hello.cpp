@@ -2,10 +2,11 @@
 // (shared memory, exported device rings, or NCCL communicators being joined).
 #include "daemon/engine.hpp"
 
-#include <tuple>
 
 #include "core/error.hpp"
 #include "daemon/log.hpp"
+#include "daemon/planes/device_ring_plane.hpp"
+#include "daemon/planes/shm_plane.hpp"
 #include "transport/auth_token.hpp"
 
 namespace muon::daemon {
@@ -25,11 +26,11 @@ size_t Engine::pre_hello_tcp_sessions() const {
 bool Engine::open_data_plane(const SessionPtr& s, const transport::Hello& m, transport::HelloOk& ok,
                              uint32_t request_id) {
   if (m.data_plane != transport::DataPlane::shm) {
-    const char* plane = transport::data_plane_name(m.data_plane);
+    const char* plane_name = transport::data_plane_name(m.data_plane);
     if (!device_) {
       reply_error(s,
                   {ErrorCode::unsupported,
-                   std::string("data plane ") + plane +
+                   std::string("data plane ") + plane_name +
                        " needs a server on the CUDA backend with its GPU data plane (this one "
                        "runs the " +
                        std::string(scheduler_.backend().name()) + " backend" +
@@ -39,73 +40,46 @@ bool Engine::open_data_plane(const SessionPtr& s, const transport::Hello& m, tra
                   request_id);
       return false;
     }
-    const auto& l = config_.layout;
-    DeviceRingsPtr rings;
+    std::unique_ptr<ServerPlane> plane;
     try {
-      rings = m.data_plane == transport::DataPlane::nccl
-                  ? device_->make_nccl_session(l.tx_slots, l.rx_slots, l.slot_bytes)
-                  : device_->make_session_rings(l.tx_slots, l.rx_slots, l.slot_bytes);
+      plane = m.data_plane == transport::DataPlane::nccl
+                  ? make_nccl_plane(*device_, config_.layout)
+                  : make_cuda_ipc_plane(*device_, config_.layout);
     } catch (const BackendUnavailable& e) {
       reply_error(s, {ErrorCode::unsupported, e.message(), "", -1, m.rank}, request_id);
       return false;
     }
-    // Chunks that waited for a credit: their element size says their dtype (2: bf16).
-    s->use_device_rings(rings, l.rx_slots,
-                        [dev = device_.get(), rings](uint32_t slot, const transport::Update& u,
-                                                     const std::vector<std::byte>& d) {
-                          const bool bf16 = d.size() == 2 * static_cast<size_t>(u.count);
-                          return dev->send_host(*rings, slot, d.data(), d.size(),
-                                                bf16 ? DType::bf16 : DType::f32);
-                        });
-    ok.data_plane = m.data_plane;
-    if (m.data_plane == transport::DataPlane::nccl) {
-      s->nccl = true;
-      s->hold_data_plane();
-      std::tie(ok.nccl_tx_id, ok.nccl_rx_id) = DevicePlane::nccl_ids(*rings);
-      // The client joins both communicators once it has the ids (the server drops one that
-      // does not within the step timeout); results wait as host bytes until then. The callback
-      // runs on the joining thread, which the plane joins before it goes; `alive_` (gone
-      // first in ~Engine) keeps a join that ends during teardown from posting.
-      std::weak_ptr<Session> weak = s;
-      std::weak_ptr<bool> alive = alive_;
-      device_->join_nccl(
-          rings, config_.step_timeout, [&io = io_, weak, alive](const std::string& error) {
-            if (alive.expired()) return;
-            asio::post(io, [weak, alive, error] {
-              auto ss = weak.lock();
-              if (!ss || alive.expired()) return;
-              if (error.empty()) {
-                ss->set_data_plane_ready();
-                return;
-              }
-              log()->warn("session {}: NCCL join failed: {}", ss->id(), error);
-              ss->send_error({ErrorCode::nccl,
-                              "joining the session's NCCL communicators failed: " + error, "", -1,
-                              ss->rank});
-              ss->close("nccl join failed");
-            });
-          });
-    } else {
-      ok.tx_ring = DevicePlane::tx_descriptor(*rings);
-      ok.rx_ring = DevicePlane::rx_descriptor(*rings);
-      // A push is handled once the client's copy into its slot is done on the GPU, an
-      // update_ack once its copy out is: no stream of this server waits on a client's event
-      // (a client that dies first would wedge it; gpu-review F2). Held, in order, meanwhile.
-      DeviceSessionRings* r = rings.get();  // the session holds the rings while it gates
-      s->gate_frames([dev = device_.get(), r](const Frame& f) {
-        if (f.type == static_cast<uint16_t>(MessageType::push)) {
-          return dev->tx_slot_written(*r, transport::decode<transport::Push>(f.payload).slot);
-        }
-        if (f.type == static_cast<uint16_t>(MessageType::update_ack)) {
-          return dev->rx_slot_read(*r, transport::decode<transport::SlotAck>(f.payload).slot);
-        }
-        return true;
-      });
-    }
+    s->use_plane(std::move(plane));
   } else {
-    s->segment.emplace(transport::ShmSegment::create(config_.layout));
-    ok.shm_name = s->segment->name();
+    s->use_plane(make_shm_plane(config_.layout));
   }
+  ServerPlane& plane = *s->plane();
+  plane.describe(ok);
+  // A plane that gets ready later (nccl: the client joins both communicators once it has the
+  // ids, the server drops one that does not within the step timeout) holds the session's
+  // data-plane frames, and its results wait as host bytes, until then. `done` runs on the
+  // plane's thread, which the DevicePlane joins before it goes; `alive_` (gone first in
+  // ~Engine) keeps one that ends during teardown from posting.
+  std::weak_ptr<Session> weak = s;
+  std::weak_ptr<bool> alive = alive_;
+  const bool ready = plane.start(config_.step_timeout, [&io = io_, weak,
+                                                        alive](const std::string& error) {
+    if (alive.expired()) return;
+    asio::post(io, [weak, alive, error] {
+      auto ss = weak.lock();
+      if (!ss || alive.expired()) return;
+      if (error.empty()) {
+        ss->set_data_plane_ready();
+        return;
+      }
+      // Only the nccl plane starts later: its communicators' join failed.
+      log()->warn("session {}: NCCL join failed: {}", ss->id(), error);
+      ss->send_error({ErrorCode::nccl, "joining the session's NCCL communicators failed: " + error,
+                      "", -1, ss->rank});
+      ss->close("nccl join failed");
+    });
+  });
+  if (!ready) s->hold_data_plane();
   return true;
 }
 

@@ -1,12 +1,10 @@
-// Push and commit frames: a chunk's slot checked and read (shared memory, or a device slot of the
-// GPU data plane), its step checked, and its values added to the step's reducer.
+// Push and commit frames: a chunk's slot checked and read through the session's data plane
+// (daemon/planes/server_plane.hpp), its step checked, and its values added to the step's reducer.
 #include "daemon/engine.hpp"
 
-#include <cstring>
 
 #include "core/error.hpp"
 #include "daemon/log.hpp"
-#include "kernels/bf16.hpp"
 
 namespace muon::daemon {
 
@@ -31,16 +29,20 @@ void add_chunk(StepReducer& reducer, const ParameterLayout& layout, int rank, in
 }  // namespace
 
 void Engine::on_push(const SessionPtr& s, const Frame& f) {
-  // On the nccl plane the client queued the chunk's ncclSend together with the frame: a push
-  // refused before its ncclRecv was posted would leave that send to match the next receive and
-  // shift every later chunk. Such a session ends (after the reply that says why).
+  ServerPlane& plane = *s->plane();  // set at the hello, which every push follows (dispatch.cpp)
+  // On a plane whose transfers are matched in order (nccl) the client queued the chunk's
+  // transfer together with the frame: a push refused before plane.receive() was posted would
+  // leave that transfer to match the next receive and shift every later chunk. Such a session
+  // ends (after the reply that says why).
   bool received = false;
   struct CloseIfUnmatched {
     asio::io_context& io;
     const SessionPtr& s;
     const bool& received;
     ~CloseIfUnmatched() {
-      if (!s->nccl || received || s->closed()) return;
+      if (received || s->closed() || !s->plane() || !s->plane()->matches_transfers_in_order()) {
+        return;
+      }
       asio::post(io, [s = s] {
         s->close("a push was refused on the nccl data plane; its transfer cannot be matched");
       });
@@ -51,23 +53,21 @@ void Engine::on_push(const SessionPtr& s, const Frame& f) {
     throw transport::ProtocolError("push names tx slot " + std::to_string(m.slot) + " of " +
                                    std::to_string(config_.layout.tx_slots));
   }
-  // The slot is free again however this push ends: credits are never lost.
-  // A device slot is freed on the GPU too: its free event is recorded after the reads enqueued.
+  // The slot is free again however this push ends: credits are never lost. On a device plane
+  // its free event is recorded after the reads enqueued.
   struct AckOnExit {
     const SessionPtr& s;
+    ServerPlane& plane;
     uint32_t slot;
-    DevicePlane* device;
     ~AckOnExit() {
-      if (s->device_rings) {
-        try {
-          device->end_receive(*s->device_rings, slot);
-        } catch (const std::exception& e) {
-          log()->error("session {}: freeing receive slot {}: {}", s->id(), slot, e.what());
-        }
+      try {
+        plane.end_receive(slot);
+      } catch (const std::exception& e) {
+        log()->error("session {}: freeing receive slot {}: {}", s->id(), slot, e.what());
       }
       s->send(MessageType::push_ack, transport::encode(transport::SlotAck{slot}));
     }
-  } ack{s, m.slot, device_.get()};
+  } ack{s, plane, m.slot};
   try {
     // A chunk names its parameter by the session's id (its name only on a replica session); an
     // id the session never handed out is a bad_request, its slot acked all the same.
@@ -79,14 +79,10 @@ void Engine::on_push(const SessionPtr& s, const Frame& f) {
         throw InvalidArgument("replica chunk of " + std::to_string(m.count) + " elements of '" +
                               m.name + "' is larger than a slot");
       }
+      plane.receive(m.slot, m.count, DType::f32);
+      received = true;
       if (widen_.size() < static_cast<size_t>(m.count)) widen_.resize(static_cast<size_t>(m.count));
-      if (s->device_rings) {
-        device_->begin_receive(*s->device_rings, m.slot, m.count, DType::f32);
-        received = true;
-        device_->read_tx_slot(*s->device_rings, m.slot, widen_.data(), bytes);
-      } else {
-        std::memcpy(widen_.data(), s->segment->tx_slot(m.slot), bytes);
-      }
+      plane.read_received(m.slot, widen_.data(), bytes);
       on_replica_push(s, m, {widen_.data(), static_cast<size_t>(m.count)});
       return;
     }
@@ -104,38 +100,14 @@ void Engine::on_push(const SessionPtr& s, const Frame& f) {
                             std::to_string(spec.shape.numel()) + " elements");
     }
     const size_t bytes = static_cast<size_t>(m.count) * transport::dtype_bytes(dt);
-    if (s->device_rings) {  // GPU data plane: the slot is device memory of this server
-      const void* slot = device_->begin_receive(*s->device_rings, m.slot, m.count, dt);
-      received = true;
-      if (m.kind == transport::ChunkKind::gradient) {
-        if (replaying(p, m.step)) return;  // answered from the replica at its commit
-        check_gradient_step(m, p);
-        StepReducer* reducer = start_gathering(s, m, p);
-        if (!reducer) return;  // refused (a lost rank): the error went out
-        reducer->begin_attempt(s->rank, m.attempt);
-        add_chunk(*reducer, *p.layout, s->rank, m.offset, Contribution{slot, dt, true, m.count});
-        metrics_.chunk_received(m.kind, bytes);
-        return;
-      }
-      if (widen_.size() < static_cast<size_t>(m.count)) widen_.resize(static_cast<size_t>(m.count));
-      device_->read_tx_slot(*s->device_rings, m.slot, widen_.data(), bytes);  // momentum: fp32
-      load_momentum(m, p, {widen_.data(), static_cast<size_t>(m.count)});
-      metrics_.chunk_received(m.kind, bytes);
-      return;
-    }
-    // fp32 is read straight from the shared-memory slot (no copy); bf16 is widened into a
-    // reused scratch buffer.
-    const std::byte* src = s->segment->tx_slot(m.slot);
-    std::span<const float> values;
-    if (dt == DType::f32) {
-      values = {reinterpret_cast<const float*>(src), static_cast<size_t>(m.count)};
-    } else {
-      if (widen_.size() < static_cast<size_t>(m.count)) widen_.resize(static_cast<size_t>(m.count));
-      values = {widen_.data(), static_cast<size_t>(m.count)};
-      widen_to_f32(DType::bf16, src, {widen_.data(), values.size()});
-    }
+    // The chunk where it lies (a shared-memory slot, or a device slot of this server): the
+    // reducer reads it straight from there, widening bf16 as it adds.
+    const Contribution chunk = plane.receive(m.slot, m.count, dt);
+    received = true;
     if (m.kind == transport::ChunkKind::momentum) {
-      load_momentum(m, p, values);
+      if (widen_.size() < static_cast<size_t>(m.count)) widen_.resize(static_cast<size_t>(m.count));
+      plane.read_received(m.slot, widen_.data(), bytes);
+      load_momentum(m, p, {widen_.data(), static_cast<size_t>(m.count)});
       metrics_.chunk_received(m.kind, bytes);
       return;
     }
@@ -144,8 +116,7 @@ void Engine::on_push(const SessionPtr& s, const Frame& f) {
     StepReducer* reducer = start_gathering(s, m, p);
     if (!reducer) return;  // refused (a lost rank): the error went out
     reducer->begin_attempt(s->rank, m.attempt);
-    add_chunk(*reducer, *p.layout, s->rank, m.offset,
-              Contribution{values.data(), TileDType::f32, false, m.count});
+    add_chunk(*reducer, *p.layout, s->rank, m.offset, chunk);
     metrics_.chunk_received(m.kind, bytes);
   } catch (const StepMismatch& e) {  // already applied, or a gap: the client may tell them apart
     reply_error(s, {ErrorCode::step_mismatch, e.message(), m.name, m.step, s->rank}, f.request_id);

@@ -12,6 +12,7 @@
 
 namespace muon::daemon {
 
+namespace asio = boost::asio;
 using transport::ErrorMsg;
 using transport::Frame;
 using transport::MessageType;
@@ -170,20 +171,67 @@ void Engine::on_state_fetch(const SessionPtr& s, const Frame& f) {
                     static_cast<int64_t>(r->momentum.size()));
       return;
     }
+  } else if (fetch_must_wait(it->second, m.after_step)) {
+    // Held until the step ends (release_fetches) or, at the latest, the step timeout.
+    const uint64_t id = next_fetch_++;
+    auto timer = std::make_unique<asio::steady_timer>(io_, config_.step_timeout);
+    timer->async_wait([this, id](boost::system::error_code ec) {
+      if (ec) return;  // answered before, or the Engine is going
+      auto h = held_fetches_.find(id);
+      if (h == held_fetches_.end()) return;
+      auto held = std::move(h->second);
+      held_fetches_.erase(h);
+      if (auto ss = held.session.lock(); ss && !ss->closed()) {
+        answer_fetch(ss, held.name, held.request_id);
+      }
+    });
+    held_fetches_.emplace(id, HeldFetch{s, m.name, m.after_step, f.request_id, std::move(timer)});
+    return;
   }
+  answer_fetch(s, m.name, f.request_id);
+}
+
+bool Engine::fetch_must_wait(const Param& p, int64_t after_step) const {
+  const Phase phase = p.phase();
+  if (phase == Phase::computing || phase == Phase::replicating) return true;
+  return after_step >= 0 && p.last_step() < after_step &&
+         (phase == Phase::idle || phase == Phase::gathering);
+}
+
+void Engine::answer_fetch(const SessionPtr& s, const std::string& name, uint32_t request_id) {
   Param* pp = nullptr;
   try {
-    pp = &registered_param(m.name, s);
-    if (pp->phase() == Phase::computing) {
-      throw InvalidArgument("parameter '" + m.name +
-                            "': momentum requested while a step is computing");
+    pp = &registered_param(name, s);
+    if (pp->phase() == Phase::computing || pp->phase() == Phase::replicating) {
+      throw InvalidArgument("parameter '" + name + "': momentum requested while step " +
+                            std::to_string(pp->last_step() + 1) + " is still computing after " +
+                            std::to_string(config_.step_timeout.count()) + " ms");
     }
   } catch (const InvalidArgument& e) {
     // Named after the parameter, so that only this fetch fails on the client.
-    reply_error(s, {ErrorCode::bad_request, e.message(), m.name, -1, s->rank}, f.request_id);
+    reply_error(s, {ErrorCode::bad_request, e.message(), name, -1, s->rank}, request_id);
     return;
   }
-  pp->role->fetch_momentum(s, m.name, *pp, f.request_id);
+  pp->role->fetch_momentum(s, name, *pp, request_id);
+}
+
+void Engine::release_fetches() {
+  for (auto it = held_fetches_.begin(); it != held_fetches_.end();) {
+    auto ss = it->second.session.lock();
+    if (!ss || ss->closed()) {
+      it = held_fetches_.erase(it);
+      continue;
+    }
+    auto p = params_.find(it->second.name);
+    if (p != params_.end() && p->second.registered() &&
+        fetch_must_wait(p->second, it->second.after_step)) {
+      ++it;
+      continue;
+    }
+    auto held = std::move(it->second);
+    it = held_fetches_.erase(it);
+    answer_fetch(ss, held.name, held.request_id);
+  }
 }
 
 }  // namespace muon::daemon

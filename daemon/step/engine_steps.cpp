@@ -145,6 +145,7 @@ void Engine::release_step(Param& p, NsJob& job) {
 }
 
 void Engine::after_steps() {
+  release_fetches();
   if (!any_computing()) {
     auto waiters = std::move(snapshot_waiters_);
     snapshot_waiters_.clear();
@@ -199,6 +200,7 @@ void Engine::report_dropped(Param& p, const ErrorMsg& error, int except_rank) {
   if (p.timer) p.timer->cancel();
   p.timer.reset();
   broadcast(p, error, except_rank);
+  release_fetches();  // a fetch waiting for the dropped step gets what the server holds
 }
 
 void Engine::tell_lost(const SessionPtr& lost, const std::string& what) {

@@ -4,6 +4,8 @@
 // bitwise), and a restore at another number of ranks.
 #include <gtest/gtest.h>
 
+#include <atomic>
+
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -376,6 +378,51 @@ TEST(ClientApi, NonContributingRankGetsEveryStepEvenWhenItAsksLate) {
     c0.wait_update("w", s, u.data());
     EXPECT_TRUE(same_bits(u, expected[s])) << "step " << s;
   }
+  fs::remove_all(dir);
+}
+
+// A rank whose shard of a parameter is empty (no push, no want) leaves its step() before the
+// others have pushed: a momentum fetch it makes then, for a checkpoint, names the step it
+// expects (after_step) and the server answers once that step is applied, with its momentum;
+// a fetch for a step that never comes is answered after the step timeout with what the server
+// holds (the caller compares the step). Found by test_dcp.py on 4 ranks: rank 3 read step 0's
+// state, or "momentum requested while a step is computing".
+TEST(ClientApi, MomentumFetchAfterAStepWaitsUntilTheServerAppliedIt) {
+  const auto dir = temp_dir();
+  ServerProcess server(dir, {"--step-timeout-ms", "1500"});
+  const auto cfg0 = config_for(server.socket(), transport::DataPlane::shm, 0, 2);
+  const auto cfg1 = config_for(server.socket(), transport::DataPlane::shm, 1, 2);
+  auto reg1 = one_param("w", {8, 16});
+  auto reg0 = reg1;
+  reg0.push.clear();  // an empty shard: rank 0 neither pushes nor wants
+  reg0.want.clear();
+  client::Client c0(cfg0), c1(cfg1);
+  std::thread t([&] { c0.register_parameters({reg0}); });
+  c1.register_parameters({reg1});
+  t.join();
+  Reference ref(reg1);
+  std::atomic<bool> answered{false};
+  int64_t last = -7;
+  std::vector<float> fetched;
+  std::thread fetcher([&] {
+    fetched = c0.fetch_momentum("w", &last, /*after_step=*/0);
+    answered = true;
+  });
+  std::this_thread::sleep_for(300ms);
+  EXPECT_FALSE(answered) << "answered before step 0 was pushed (last step " << last << ")";
+  const auto g = gradient(128, 0);
+  ASSERT_TRUE(same_bits(run_step(c1, "w", 0, g), ref.step(g)));
+  fetcher.join();
+  EXPECT_EQ(last, 0);
+  EXPECT_TRUE(same_bits(fetched, ref.momentum));
+  // Step 1 never comes: the answer after the step timeout holds step 0, and the caller sees it.
+  const auto t0 = std::chrono::steady_clock::now();
+  fetched = c0.fetch_momentum("w", &last, /*after_step=*/1);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 1000ms);
+  EXPECT_EQ(last, 0);
+  EXPECT_TRUE(same_bits(fetched, ref.momentum));
+  // Without after_step: what the server holds, at once.
+  EXPECT_EQ((c0.fetch_momentum("w", &last), last), 0);
   fs::remove_all(dir);
 }
 

@@ -1,8 +1,9 @@
-// The credit logic the GPU data plane's result rings share with shared memory, on the CPU: a
-// session whose rings are device rings (use_device_rings) takes a chunk straight into a free
-// slot (send_chunk_direct, the device-to-device path) only while nothing waits before it; a
-// chunk without a credit waits as host bytes and is written through the session's rx writer,
-// in order, as update_acks return slots; every update frame names the slot its bytes went to.
+// The credit logic every data plane's result ring shares, on the CPU: a session takes a chunk
+// straight into a free slot (send_chunk_direct, the device-to-device path) only while nothing
+// waits before it; a chunk without a credit waits as host bytes and is written through its
+// plane's write_host, in order, as update_acks return slots; every update frame names the slot
+// its bytes went to. The plane here records what it is given (the device planes need a GPU);
+// the shared-memory plane itself is tested at the end, through a client's mapping.
 // While the data plane is held (an nccl join), the client's frames from its first push on wait
 // for it, in order.
 // A real Session on a real socket pair; the peer's side reads the frames.
@@ -17,7 +18,9 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "daemon/planes/shm_plane.hpp"
 #include "daemon/session.hpp"
+#include "kernels/bf16.hpp"
 #include "transport/frame.hpp"
 #include "transport/messages.hpp"
 
@@ -79,6 +82,39 @@ std::pair<uint16_t, uint32_t> typed(transport::MessageType type, uint32_t reques
   return {static_cast<uint16_t>(type), request};
 }
 
+// A data plane that hands each host write to `write` (the session's side of the credits is what
+// these tests look at); reading chunks is not its job here.
+class RecordingPlane final : public ServerPlane {
+ public:
+  using Write = std::function<AfterFrame(uint32_t slot, const std::vector<std::byte>& data,
+                                         transport::DType dtype)>;
+  RecordingPlane(uint32_t rx_slots, Write write) : rx_slots_(rx_slots), write_(std::move(write)) {}
+  transport::DataPlane kind() const override { return transport::DataPlane::cuda_ipc; }
+  void describe(transport::HelloOk&) const override {}
+  uint32_t rx_slots() const override { return rx_slots_; }
+  Contribution receive(uint32_t, int64_t, transport::DType) override {
+    throw InvalidArgument("not read in this test");
+  }
+  void read_received(uint32_t, void*, size_t) override {}
+  void end_receive(uint32_t) override {}
+  AfterFrame write_host(uint32_t slot, const std::byte* data, size_t bytes,
+                        transport::DType dtype) override {
+    return write_(slot, std::vector<std::byte>(data, data + bytes), dtype);
+  }
+
+ private:
+  uint32_t rx_slots_;
+  Write write_;
+};
+
+// A recording plane whose writes do nothing else.
+std::unique_ptr<ServerPlane> quiet_plane(uint32_t rx_slots) {
+  return std::make_unique<RecordingPlane>(
+      rx_slots, [](uint32_t, const std::vector<std::byte>&, transport::DType) {
+        return AfterFrame{};
+      });
+}
+
 transport::Update chunk(int64_t offset) {
   transport::Update u;
   u.name = "w";
@@ -95,14 +131,14 @@ TEST(SessionRings, DirectWhileCreditsLastThenQueuedBytesInOrderThroughTheWriter)
   auto& [io, client_side, session] = pair;
   std::map<uint32_t, std::vector<std::byte>> written;  // what the writer put in each slot
   std::vector<uint32_t> writes;
-  session->use_device_rings(
-      nullptr, 2,
-      [&](uint32_t slot, const transport::Update& u, const std::vector<std::byte>& data) {
-        EXPECT_EQ(data.size(), static_cast<size_t>(u.count) * 4);
+  session->use_plane(std::make_unique<RecordingPlane>(
+      2, [&](uint32_t slot, const std::vector<std::byte>& data, transport::DType dtype) {
+        EXPECT_EQ(data.size(), 8u);
+        EXPECT_EQ(dtype, transport::DType::f32);
         written[slot] = data;
         writes.push_back(slot);
         return Session::AfterFrame{};
-      });
+      }));
   std::vector<uint32_t> direct;
   const auto write_direct = [&](uint32_t slot) {
     direct.push_back(slot);
@@ -114,8 +150,8 @@ TEST(SessionRings, DirectWhileCreditsLastThenQueuedBytesInOrderThroughTheWriter)
   EXPECT_EQ(direct, (std::vector<uint32_t>{0, 1}));
   // No credit left: refused; the caller queues host bytes instead.
   EXPECT_FALSE(session->send_chunk_direct(chunk(4), write_direct));
-  session->send_chunk(chunk(4), std::vector<std::byte>(8, std::byte{4}));
-  session->send_chunk(chunk(6), std::vector<std::byte>(8, std::byte{6}));
+  session->send_chunk(chunk(4), transport::DType::f32, std::vector<std::byte>(8, std::byte{4}));
+  session->send_chunk(chunk(6), transport::DType::f32, std::vector<std::byte>(8, std::byte{6}));
   // A chunk is waiting: a direct write would overtake it, so it is refused even with a credit.
   session->release_rx_slot(1);  // slot 1 back: the first queued chunk takes it at once
   EXPECT_EQ(writes, (std::vector<uint32_t>{1}));
@@ -153,10 +189,7 @@ TEST(SessionRings, FailedWriteSendsAnErrorAndCloses) {
   SessionOnPair pair([](const auto&, transport::Frame) {},
                      [&](const auto&, const std::string& why) { closed_why = why; });
   auto& [io, client_side, session] = pair;
-  session->use_device_rings(nullptr, 1,
-                            [](uint32_t, const transport::Update&, const std::vector<std::byte>&) {
-                              return Session::AfterFrame{};
-                            });
+  session->use_plane(quiet_plane(1));
   // The write succeeds; the transfer after the frame (an ncclSend) fails.
   EXPECT_TRUE(session->send_chunk_direct(chunk(0), [](uint32_t) -> Session::AfterFrame {
     return [] { throw DeviceError("ncclSend failed: remote process exited"); };
@@ -253,13 +286,14 @@ TEST(SessionRings, TransfersStartOnlyOnceTheirFrameIsWritten) {
       frame_was_there.push_back(there);
     };
   };
-  session->use_device_rings(
-      nullptr, 2, [&](uint32_t, const transport::Update& u, const std::vector<std::byte>&) {
-        return transfer_after(u.offset);
-      });
+  // The chunk that waits for a credit is the one at offset 4.
+  session->use_plane(std::make_unique<RecordingPlane>(
+      2, [&](uint32_t, const std::vector<std::byte>&, transport::DType) {
+        return transfer_after(4);
+      }));
   EXPECT_TRUE(session->send_chunk_direct(chunk(0), [&](uint32_t) { return transfer_after(0); }));
   EXPECT_TRUE(session->send_chunk_direct(chunk(2), [&](uint32_t) { return transfer_after(2); }));
-  session->send_chunk(chunk(4), std::vector<std::byte>(8));  // waits for a credit
+  session->send_chunk(chunk(4), transport::DType::f32, std::vector<std::byte>(8));  // no credit
   // Nothing ran the io context yet: the frames are queued, no transfer may have started.
   EXPECT_TRUE(transfers.empty());
   io.run_for(std::chrono::milliseconds(100));
@@ -280,10 +314,7 @@ TEST(SessionRings, AClosingSessionStartsNoTransfer) {
   SessionOnPair pair([](const auto&, transport::Frame) {}, [](const auto&, const std::string&) {});
   auto& [io, client_side, session] = pair;
   int started = 0;
-  session->use_device_rings(nullptr, 2,
-                            [](uint32_t, const transport::Update&, const std::vector<std::byte>&) {
-                              return Session::AfterFrame{};
-                            });
+  session->use_plane(quiet_plane(2));
   EXPECT_TRUE(session->send_chunk_direct(
       chunk(0), [&](uint32_t) -> Session::AfterFrame { return [&] { ++started; }; }));
   session->close("client said goodbye");
@@ -348,4 +379,99 @@ TEST(SessionRings, ParameterIdsAreHandedOutInOrderAndUnknownOnesAreNamed) {
               std::string::npos)
         << e.what();
   }
+}
+
+// A plane that gates frames is asked before each one once the session has it (use_plane wires
+// its frame_ready into the session's gate): a push waits until the plane says its slot is
+// written.
+TEST(SessionRings, APlaneThatGatesFramesIsAskedBeforeEachOne) {
+  using transport::MessageType;
+  class GatingPlane final : public ServerPlane {
+   public:
+    explicit GatingPlane(const bool& open) : open_(open) {}
+    transport::DataPlane kind() const override { return transport::DataPlane::cuda_ipc; }
+    void describe(transport::HelloOk&) const override {}
+    uint32_t rx_slots() const override { return 1; }
+    bool gates_frames() const override { return true; }
+    bool frame_ready(const transport::Frame& f) override {
+      return f.type != static_cast<uint16_t>(MessageType::push) || open_;
+    }
+    Contribution receive(uint32_t, int64_t, transport::DType) override { return {}; }
+    void read_received(uint32_t, void*, size_t) override {}
+    void end_receive(uint32_t) override {}
+    AfterFrame write_host(uint32_t, const std::byte*, size_t, transport::DType) override {
+      return {};
+    }
+
+   private:
+    const bool& open_;
+  };
+  Handled handled;
+  SessionOnPair pair(recording(handled), [](const auto&, const std::string&) {});
+  auto& [io, client_side, session] = pair;
+  bool open = false;
+  session->use_plane(std::make_unique<GatingPlane>(open));
+  session->start();
+  send_frame(client_side, MessageType::push, 1);
+  io.run_for(std::chrono::milliseconds(100));
+  EXPECT_TRUE(handled.empty());
+  open = true;
+  io.run_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(handled, (std::vector{typed(MessageType::push, 1)}));
+  session->close("done");
+  io.run_for(std::chrono::milliseconds(50));
+}
+
+// The shared-memory plane, through a client's own mapping of its segment (as the client library
+// maps it): a pushed chunk is read where it lies, fp32 and bf16 (the store widens bf16 exactly);
+// an update's bytes land in the rx slot the client reads; closing unlinks a name no client
+// mapped.
+TEST(ShmPlane, ChunksAreReadInPlaceAndUpdatesLandInTheClientsMapping) {
+  transport::SegmentLayout layout;
+  layout.tx_slots = 2;
+  layout.rx_slots = 3;
+  layout.slot_bytes = 4096;
+  auto plane = make_shm_plane(layout);
+  EXPECT_EQ(plane->kind(), transport::DataPlane::shm);
+  EXPECT_EQ(plane->rx_slots(), 3u);
+  EXPECT_FALSE(plane->writes_device_updates());
+  EXPECT_FALSE(plane->matches_transfers_in_order());
+  transport::HelloOk ok;
+  plane->describe(ok);
+  ASSERT_FALSE(ok.shm_name.empty());
+  auto client = transport::ShmSegment::open_and_unlink(ok.shm_name, layout);
+
+  const std::vector<float> grad = {1.5f, -0.0f, 3.0e-39f, -7.25f};  // a subnormal, a -0
+  std::memcpy(client.tx_slot(1), grad.data(), grad.size() * 4);
+  auto store = make_host_contribution_store();
+  store->resize(0, 4);
+  store->write(0, 0, plane->receive(1, 4, transport::DType::f32), 0, 4, false);
+  std::vector<float> out(4);
+  store->read(0, 0, out.data(), 4, false);
+  EXPECT_EQ(std::memcmp(out.data(), grad.data(), 16), 0);
+  std::vector<float> copied(4);
+  plane->read_received(1, copied.data(), 16);
+  EXPECT_EQ(std::memcmp(copied.data(), grad.data(), 16), 0);
+
+  const std::vector<uint16_t> bf16 = {f32_to_bf16(1.5f), f32_to_bf16(-2.0f), 0x8000, 0x7f80};
+  std::memcpy(client.tx_slot(0), bf16.data(), bf16.size() * 2);
+  store->write(0, 0, plane->receive(0, 4, transport::DType::bf16), 0, 4, false);
+  store->read(0, 0, out.data(), 4, false);
+  for (size_t i = 0; i < 4; ++i) {
+    const float want = bf16_to_f32(bf16[i]);
+    EXPECT_EQ(std::memcmp(&out[i], &want, 4), 0) << i;
+  }
+  plane->end_receive(0);
+
+  std::vector<std::byte> update(24);
+  for (size_t i = 0; i < update.size(); ++i) update[i] = std::byte(i * 7);
+  const AfterFrame after = plane->write_host(2, update.data(), update.size(), transport::DType::f32);
+  EXPECT_FALSE(after);  // nothing follows the frame on shared memory
+  EXPECT_EQ(std::memcmp(client.rx_slot(2), update.data(), update.size()), 0);
+
+  auto unmapped = make_shm_plane(layout);
+  transport::HelloOk ok2;
+  unmapped->describe(ok2);
+  unmapped->closing();
+  EXPECT_THROW(transport::ShmSegment::open_and_unlink(ok2.shm_name, layout), Error);
 }

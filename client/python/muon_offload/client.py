@@ -361,15 +361,19 @@ class Client:
                                                                  int(step)),
                               f"update of '{name}' step {step}"))
 
-    def fetch_momentum(self, name: str, out) -> int:
+    def fetch_momentum(self, name: str, out, after_step: int = -1) -> int:
         """Copies the server-held fp32 momentum (all elements) into ``out``; returns its last
-        applied step (-1: none)."""
+        applied step (-1: none). ``after_step`` >= 0: once the parameter's step has reached it
+        (this rank's last optimizer step: a rank that wants no update of the parameter leaves
+        its step() before the others pushed theirs), at the latest after the server's step
+        timeout, with what it holds then."""
         ptr, nbytes = _buffer(out, f"momentum of '{name}'")
         last = ctypes.c_int64(-1)
         with self._mu:
-            check(self._lib.muon_client_fetch_momentum(self._handle(), name.encode(),
-                                                        ctypes.c_void_p(ptr), nbytes // 4,
-                                                        ctypes.byref(last)),
+            check(self._lib.muon_client_fetch_momentum_after(self._handle(), name.encode(),
+                                                              int(after_step),
+                                                              ctypes.c_void_p(ptr), nbytes // 4,
+                                                              ctypes.byref(last)),
                   f"fetching the momentum of '{name}'")
         return int(last.value)
 

@@ -825,7 +825,7 @@ class OffloadMuon(MuonOptimizerBase):
             m = self._meta[p]
             buf = torch.empty(m.shape, dtype=torch.float32)
             try:
-                last = self._client.fetch_momentum(m.name, buf)
+                last = self._client.fetch_momentum(m.name, buf, after_step=st["step"] - 1)
             except _native.MuonOffloadError as e:
                 self._fail(e)
             if last != st["step"] - 1:
@@ -914,7 +914,8 @@ class OffloadMuon(MuonOptimizerBase):
     def momentum_buffer(self, p: torch.Tensor) -> torch.Tensor:
         """The server-held momentum of Muon parameter ``p`` (fp32, CPU, the matrix shape the
         server sees: ``p``'s own for 2-D), fetched from its server: as the last step applied
-        left it, zeros before the first. The public way to read it (state_dict() carries the
+        left it, zeros before the first (waiting, up to the server's step timeout, for the step
+        this optimizer last took to be applied there). The public way to read it (state_dict() carries the
         same tensors). Raises InvalidArgument for a parameter that is not on a server, the
         server's errors otherwise."""
         self._check_usable()
@@ -923,7 +924,9 @@ class OffloadMuon(MuonOptimizerBase):
             raise InvalidArgument("momentum_buffer(): not a Muon parameter of this optimizer")
         buf = torch.empty(m.shape, dtype=torch.float32)
         try:
-            self._client.fetch_momentum(m.name, buf)
+            # As of this optimizer's last step (a rank that wants no update of ``p`` leaves
+            # step() before the server has applied it).
+            self._client.fetch_momentum(m.name, buf, after_step=self._server_step(p) - 1)
         except _native.MuonOffloadError as e:
             self._fail(e)
         return buf
