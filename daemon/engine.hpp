@@ -257,7 +257,7 @@ class Engine {
   };
   std::map<uint64_t, HeldFetch> held_fetches_;
   uint64_t next_fetch_ = 0;
-  std::vector<float> widen_;                           // bf16 -> fp32 scratch for pushes
+  std::vector<float> scratch_;  // fp32 values of momentum and replica pushes, read out of a slot
   std::map<uint64_t, transport::StepReport> reports_;  // last step report, by session id
   /// A periodic snapshot being collected: the step, the copies of the parameters that have it.
   struct PeriodicSnapshot {

@@ -229,7 +229,6 @@ void Session::data_plane_failed(const std::string& what) {
 }
 
 void Session::flush_chunks() {
-  if (!plane_) return;
   while (!pending_.empty()) {
     const auto slot = take_rx_slot();
     if (!slot) return;

@@ -1,6 +1,6 @@
 // Egress: a step's update cut into each wanting rank's chunks (device-to-device into a result
-// slot where the session's data plane takes device updates, else host bytes), momentum chunks of a state fetch, errors to a
-// parameter's ranks.
+// slot where the session's data plane takes device updates, else host bytes), momentum chunks
+// of a state fetch, errors to a parameter's ranks.
 #include "daemon/engine.hpp"
 
 #include <algorithm>

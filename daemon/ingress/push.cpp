@@ -26,6 +26,15 @@ void add_chunk(StepReducer& reducer, const ParameterLayout& layout, int rank, in
   }
 }
 
+// The fp32 values of tx slot `slot` (momentum loads, replica chunks), copied into `scratch`.
+std::span<const float> read_f32(ServerPlane& plane, uint32_t slot, int64_t count,
+                                std::vector<float>& scratch) {
+  const auto n = static_cast<size_t>(count);
+  if (scratch.size() < n) scratch.resize(n);
+  plane.read_received(slot, scratch.data(), n * sizeof(float));
+  return {scratch.data(), n};
+}
+
 }  // namespace
 
 void Engine::on_push(const SessionPtr& s, const Frame& f) {
@@ -81,9 +90,7 @@ void Engine::on_push(const SessionPtr& s, const Frame& f) {
       }
       plane.receive(m.slot, m.count, DType::f32);
       received = true;
-      if (widen_.size() < static_cast<size_t>(m.count)) widen_.resize(static_cast<size_t>(m.count));
-      plane.read_received(m.slot, widen_.data(), bytes);
-      on_replica_push(s, m, {widen_.data(), static_cast<size_t>(m.count)});
+      on_replica_push(s, m, read_f32(plane, m.slot, m.count, scratch_));
       return;
     }
     Param& p = registered_param(m.name, s);
@@ -105,9 +112,7 @@ void Engine::on_push(const SessionPtr& s, const Frame& f) {
     const Contribution chunk = plane.receive(m.slot, m.count, dt);
     received = true;
     if (m.kind == transport::ChunkKind::momentum) {
-      if (widen_.size() < static_cast<size_t>(m.count)) widen_.resize(static_cast<size_t>(m.count));
-      plane.read_received(m.slot, widen_.data(), bytes);
-      load_momentum(m, p, {widen_.data(), static_cast<size_t>(m.count)});
+      load_momentum(m, p, read_f32(plane, m.slot, m.count, scratch_));
       metrics_.chunk_received(m.kind, bytes);
       return;
     }

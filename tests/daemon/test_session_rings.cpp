@@ -82,16 +82,21 @@ std::pair<uint16_t, uint32_t> typed(transport::MessageType type, uint32_t reques
   return {static_cast<uint16_t>(type), request};
 }
 
-// A data plane that hands each host write to `write` (the session's side of the credits is what
-// these tests look at); reading chunks is not its job here.
+// A data plane that hands each host write to `write`, and asks `gate` (when set) before each
+// frame (the session's side of the credits and the gate is what these tests look at); reading
+// chunks is not its job here.
 class RecordingPlane final : public ServerPlane {
  public:
   using Write = std::function<AfterFrame(uint32_t slot, const std::vector<std::byte>& data,
                                          transport::DType dtype)>;
-  RecordingPlane(uint32_t rx_slots, Write write) : rx_slots_(rx_slots), write_(std::move(write)) {}
+  using Gate = std::function<bool(const transport::Frame&)>;
+  RecordingPlane(uint32_t rx_slots, Write write, Gate gate = {})
+      : rx_slots_(rx_slots), write_(std::move(write)), gate_(std::move(gate)) {}
   transport::DataPlane kind() const override { return transport::DataPlane::cuda_ipc; }
   void describe(transport::HelloOk&) const override {}
   uint32_t rx_slots() const override { return rx_slots_; }
+  bool gates_frames() const override { return static_cast<bool>(gate_); }
+  bool frame_ready(const transport::Frame& f) override { return gate_(f); }
   Contribution receive(uint32_t, int64_t, transport::DType) override {
     throw InvalidArgument("not read in this test");
   }
@@ -105,6 +110,7 @@ class RecordingPlane final : public ServerPlane {
  private:
   uint32_t rx_slots_;
   Write write_;
+  Gate gate_;
 };
 
 // A recording plane whose writes do nothing else.
@@ -386,31 +392,15 @@ TEST(SessionRings, ParameterIdsAreHandedOutInOrderAndUnknownOnesAreNamed) {
 // written.
 TEST(SessionRings, APlaneThatGatesFramesIsAskedBeforeEachOne) {
   using transport::MessageType;
-  class GatingPlane final : public ServerPlane {
-   public:
-    explicit GatingPlane(const bool& open) : open_(open) {}
-    transport::DataPlane kind() const override { return transport::DataPlane::cuda_ipc; }
-    void describe(transport::HelloOk&) const override {}
-    uint32_t rx_slots() const override { return 1; }
-    bool gates_frames() const override { return true; }
-    bool frame_ready(const transport::Frame& f) override {
-      return f.type != static_cast<uint16_t>(MessageType::push) || open_;
-    }
-    Contribution receive(uint32_t, int64_t, transport::DType) override { return {}; }
-    void read_received(uint32_t, void*, size_t) override {}
-    void end_receive(uint32_t) override {}
-    AfterFrame write_host(uint32_t, const std::byte*, size_t, transport::DType) override {
-      return {};
-    }
-
-   private:
-    const bool& open_;
-  };
   Handled handled;
   SessionOnPair pair(recording(handled), [](const auto&, const std::string&) {});
   auto& [io, client_side, session] = pair;
   bool open = false;
-  session->use_plane(std::make_unique<GatingPlane>(open));
+  session->use_plane(std::make_unique<RecordingPlane>(
+      1, [](uint32_t, const std::vector<std::byte>&, transport::DType) { return AfterFrame{}; },
+      [&open](const transport::Frame& f) {
+        return f.type != static_cast<uint16_t>(MessageType::push) || open;
+      }));
   session->start();
   send_frame(client_side, MessageType::push, 1);
   io.run_for(std::chrono::milliseconds(100));
