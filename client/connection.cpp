@@ -43,7 +43,7 @@ std::string crash_note(const transport::HelloOk& ok) {
 Connection::Connection(std::string endpoint, int rank, int world_size,
                        const std::string& client_name, std::chrono::milliseconds connect_timeout,
                        std::chrono::milliseconds op_timeout, transport::DataPlane data_plane,
-                       const std::string& auth_token, int relay_server, int replica_server)
+                       const std::string& auth_token)
     : path_(std::move(endpoint)),
       rank_(rank),
       op_timeout_(op_timeout),
@@ -75,8 +75,7 @@ Connection::Connection(std::string endpoint, int rank, int world_size,
     const auto id = send_request(MessageType::hello,
                                  transport::encode(transport::Hello{
                                      rank, world_size, client_name, data_plane,
-                                     where.is_tcp() ? auth_token : std::string(), relay_server,
-                                     replica_server}));
+                                     where.is_tcp() ? auth_token : std::string()}));
     const auto ok = transport::decode<transport::HelloOk>(wait_reply(id, "hello").payload);
     if (ok.data_plane != data_plane) {
       throw ServerError("muon-offloadd at '" + path_ + "' answered a hello asking for data plane " +
@@ -151,14 +150,6 @@ std::map<int, std::string> Connection::lost_peers() {
 void Connection::throw_lost(const std::string& what) {
   throw ConnectionLost("connection to muon-offloadd at '" + path_ + "' lost (" + lost_ +
                        ") while " + what + crash_note_);
-}
-
-void Connection::abandon(const std::string& why) {
-  {
-    std::lock_guard lk(mu_);
-    abandoned_ = true;
-  }
-  lose(why);
 }
 
 void Connection::lose(const std::string& why) {
@@ -546,17 +537,10 @@ void Connection::reader_loop() {
         why = std::string("bad data from the server: ") + e.what();
       }
     }
-    ErrorCallback on_lost;
-    std::string reason;
-    {
-      std::lock_guard lk(mu_);
-      if (lost_.empty()) lost_ = why;
-      if (plane_ && !closing_) plane_->abort();  // the server is gone (see lose())
-      cv_.notify_all();
-      if (!closing_ && !abandoned_) on_lost = error_callback_;
-      reason = lost_;
-    }
-    if (on_lost) on_lost({ErrorCode::peer_lost, reason, "", -1, -1});
+    std::lock_guard lk(mu_);
+    if (lost_.empty()) lost_ = why;
+    if (plane_ && !closing_) plane_->abort();  // the server is gone (see lose())
+    cv_.notify_all();
     return;
   }
 }
@@ -567,9 +551,7 @@ void Connection::handle(transport::Frame f) {
     handle_update(transport::decode<transport::Update>(f.payload));  // resolves its param_id
     return;
   }
-  std::optional<transport::ErrorMsg> notify;  // a parameter's error, for error_callback_
-  ErrorCallback on_error;
-  std::unique_lock lk(mu_);
+  std::lock_guard lk(mu_);
   switch (type) {
     case MessageType::push_ack: {
       const auto slot = transport::decode<transport::SlotAck>(f.payload).slot;
@@ -582,12 +564,7 @@ void Connection::handle(transport::Frame f) {
         replies_[f.request_id].error = e;
         replies_[f.request_id].done = true;
       } else if (!e.param.empty()) {
-        if (error_callback_) {  // offered to the callback first (below), kept if it declines
-          notify = std::move(e);
-          on_error = error_callback_;
-        } else {
-          params_[e.param].errors.emplace(e.step, e);  // the first error of a step is its cause
-        }
+        params_[e.param].errors.emplace(e.step, e);  // the first error of a step is its cause
       } else if (e.code == ErrorCode::peer_lost && e.rank >= 0) {
         // A rank of this job was lost (between steps too): said now, whatever the trainer is
         // blocked in; a step that needs the rank fails with its own error.
@@ -617,17 +594,6 @@ void Connection::handle(transport::Frame f) {
       break;
   }
   cv_.notify_all();
-  lk.unlock();
-  if (notify && on_error && !on_error(*notify)) {
-    lk.lock();
-    params_[notify->param].errors.emplace(notify->step, *notify);
-    cv_.notify_all();
-  }
-}
-
-void Connection::set_error_callback(ErrorCallback cb) {
-  std::lock_guard lk(mu_);
-  error_callback_ = std::move(cb);
 }
 
 void Connection::handle_update(transport::Update u) {

@@ -31,12 +31,6 @@ using Clock = std::chrono::steady_clock;
 
 /// Called on the reader thread when a parameter's update for a step is complete.
 using UpdateCallback = std::function<void(const std::string& name, int64_t step)>;
-/// Called on the reader thread, without the connection's lock, with each error the server sends
-/// about one parameter (not in answer to a request); returning true takes the error (a later
-/// wait_update of that step will not throw it), false leaves it for wait_update. Also called once
-/// when the connection is lost (code "peer_lost", no parameter, the reason as message; the result
-/// is ignored), except when the destructor or abandon() ends it.
-using ErrorCallback = std::function<bool(const transport::ErrorMsg& error)>;
 
 class Connection {
  public:
@@ -54,16 +48,10 @@ class Connection {
   /// "unauthorized": a tcp hello without the server's token; the message is the server's) or
   /// answers with another data plane; BackendUnavailable / DeviceError when the device plane
   /// cannot be set up here (built without CUDA, no usable GPU, NCCL refuses to join).
-  /// `relay_server` >= 0: the caller is that plan server relaying its domain's partial sums
-  /// (muon-offloadd's daemon/relay.hpp); `rank` must then be transport::relay_rank(world_size,
-  /// relay_server). `replica_server` >= 0: the caller is that plan server streaming its
-  /// parameters' state to its buddy (muon-offloadd's daemon/replicator.hpp); `rank` must then be
-  /// transport::replica_rank(world_size, replica_server).
   Connection(std::string endpoint, int rank, int world_size, const std::string& client_name,
              std::chrono::milliseconds connect_timeout, std::chrono::milliseconds op_timeout,
              transport::DataPlane data_plane = transport::DataPlane::shm,
-             const std::string& auth_token = "", int relay_server = -1,
-             int replica_server = -1);
+             const std::string& auth_token = "");
   /// Tears the data plane down, then says goodbye and joins the reader thread. cuda_ipc: waits
   /// for the reader's and the host pushes' streams and for every copy into a tx slot, frees the
   /// device holding buffers, destroys the rings and unmaps their IPC handles, all before the
@@ -138,8 +126,6 @@ class Connection {
   void send_step_report(const transport::StepReport& report);
 
   void set_update_callback(UpdateCallback cb);
-  /// Installs the error callback (it may call this connection, but must not block on it).
-  void set_error_callback(ErrorCallback cb);
   /// Announces the want ranges and update dtype of a parameter before its first update;
   /// `packed`: its registration is packed (transport::RegisterParam::packed), so update chunks
   /// carry packed positions in the sorted want ranges.
@@ -158,9 +144,6 @@ class Connection {
   /// without a parameter, sent at once, between steps too), by rank. Each is also written to
   /// stderr the moment it arrives: the trainer may be blocked in its own collectives.
   std::map<int, std::string> lost_peers();
-  /// Gives the connection up now from any thread: waits in progress and later calls throw
-  /// ConnectionLost with `why` (the destructor still tears the data plane down).
-  void abandon(const std::string& why);
 
  private:
   /// Complete updates held per parameter before the oldest unread one is dropped.
@@ -259,7 +242,6 @@ class Connection {
   std::mutex after_frame_mu_;  // push frames and their out-of-band sends, in one order (nccl)
   std::mutex write_mu_;
   bool closing_ = false;    // under mu_: the destructor is tearing the data plane down
-  bool abandoned_ = false;  // under mu_: abandon() was called
   std::mutex mu_;
   std::condition_variable cv_;
   uint32_t next_request_ = 1;
@@ -281,7 +263,6 @@ class Connection {
   std::optional<std::pair<std::string, int64_t>> snapshot_config_;  // under mu_
   std::map<int, std::string> lost_peers_;  // under mu_
   UpdateCallback callback_;
-  ErrorCallback error_callback_;
   std::thread reader_;
 };
 

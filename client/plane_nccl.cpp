@@ -1,4 +1,4 @@
-// The nccl data plane: the session's two NCCL communicators (NcclPlane), updates held in device
+// The nccl data plane: the session's two NCCL communicators (transport::NcclClientComms), updates held in device
 // memory of their device (DeviceHold). Pushed bytes follow their push frame with ncclSend; the
 // reader posts an ncclRecv for every update chunk the server sent, kept or not, in frame order.
 // Compiled in builds with NCCL only; nccl_unavailable.cpp has the maker of the others.
@@ -6,7 +6,7 @@
 
 #include "client/device_hold.hpp"
 #include "client/device_scope.hpp"
-#include "client/nccl_plane.hpp"
+#include "transport/nccl_client_comms.hpp"
 #include "client/plane.hpp"
 
 namespace muon::client {
@@ -78,7 +78,7 @@ class NcclClientPlane final : public ClientPlane {
   }
 
  private:
-  NcclPlane nccl_;
+  transport::NcclClientComms nccl_;
 };
 
 }  // namespace

@@ -108,7 +108,7 @@ class DevicePlane {
   void write_momentum(DeviceParamState& param, int64_t offset, const float* in, int64_t count);
   /// Copies update[offset, offset + count) to host fp32 (blocking; the last finished step's).
   void read_update(const DeviceParamState& param, int64_t offset, int64_t count, float* out);
-  /// Relayed parameters (daemon/relay.hpp): the reduced gradient (numel fp32) to host memory
+  /// Relayed parameters (daemon/pool/relay.hpp): the reduced gradient (numel fp32) to host memory
   /// after its reduction (waits grad_ready; blocking), and an update from the owner (numel fp32)
   /// into the parameter's update buffer once the previous one was returned (waits released;
   /// blocking), so that send_update returns it like a computed one. Throw DeviceError.

@@ -146,12 +146,8 @@ Relay& Engine::relay() {
     if (config_.replicate) {
       for (int i = 0; i < routes_->servers(); ++i) rc.buddies.push_back(routes_->buddy_of(i));
     }
-    relay_ = std::make_unique<Relay>(
-        std::move(rc), [this, alive = std::weak_ptr<bool>(alive_)](std::function<void()> fn) {
-          asio::post(io_, [alive, fn = std::move(fn)] {
-            if (alive.lock()) fn();
-          });
-        });
+    rc.device = config_.cuda_device;
+    relay_ = std::make_unique<Relay>(std::move(rc), io_);
   }
   return *relay_;
 }
@@ -165,12 +161,8 @@ Replicator& Engine::replicator() {
     rc.remote_plane = peer_plane();
     rc.auth_token = config_.auth_token;
     rc.op_timeout = std::max(config_.step_timeout, std::chrono::milliseconds(10000));
-    replicator_ = std::make_unique<Replicator>(
-        std::move(rc), [this, alive = std::weak_ptr<bool>(alive_)](std::function<void()> fn) {
-          asio::post(io_, [alive, fn = std::move(fn)] {
-            if (alive.lock()) fn();
-          });
-        });
+    rc.device = config_.cuda_device;
+    replicator_ = std::make_unique<Replicator>(std::move(rc), io_);
   }
   return *replicator_;
 }
@@ -239,6 +231,10 @@ void Engine::maybe_finish_shutdown() {
     s->send_error({ErrorCode::shutdown, "server shutting down", "", -1, -1});
     s->close("server shutdown");
   }
+  // The pool's links go too (nothing is owed once nothing computes): their sockets would keep
+  // the io_context running.
+  replicator_.reset();
+  relay_.reset();
   scheduler_.stop();
   auto done = std::move(shutdown_done_);
   shutdown_done_ = nullptr;

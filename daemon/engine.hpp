@@ -39,9 +39,9 @@
 #include "daemon/metrics.hpp"
 #include "daemon/pool_routes.hpp"
 #include "daemon/registration.hpp"
-#include "daemon/relay.hpp"
+#include "daemon/pool/relay.hpp"
 #include "daemon/replica_store.hpp"
-#include "daemon/replicator.hpp"
+#include "daemon/pool/replicator.hpp"
 #include "daemon/scheduler.hpp"
 #include "daemon/server_config.hpp"
 #include "daemon/session.hpp"
@@ -147,7 +147,7 @@ class Engine {
   /// An owned step came back from the worker: its update (or error) to the parameter's ranks,
   /// its buffers back to the parameter.
   void release_step(Param& p, NsJob& job);
-  // ---- replication (daemon/replicator.hpp, daemon/replica_store.hpp) ------------------------
+  // ---- replication (daemon/pool/replicator.hpp, daemon/replica_store.hpp) ------------------------
   /// Where an owned parameter's state is replicated: its plan owner's buddy when this server is
   /// the owner, the owner when this server is the buddy that took it over; -1 when replication
   /// is off (--replicate off), the plan names no buddy, or the parameter is not in the plan.

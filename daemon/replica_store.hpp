@@ -1,5 +1,5 @@
 // The buddy's side of replication (docs/design.md, "Failover"): the copy of each parameter an
-// owner of the pool streams here after every step it applied (daemon/replicator.hpp), so that
+// owner of the pool streams here after every step it applied (daemon/pool/replicator.hpp), so that
 // this server can take the parameter over when the owner is lost.
 //
 // A replica step arrives as chunks (the momentum after the step, numel fp32; the step's update,

@@ -61,7 +61,7 @@ struct ServerConfig {
   std::string metrics_address = "127.0.0.1";
   /// The job's plan (`muon-offload plan` JSON) and this server's id in it: parameters the plan
   /// names are registered by the ranks it routes here (daemon/pool_routes.hpp), and those this
-  /// server relays for its domain are forwarded to their owner (daemon/relay.hpp). Empty: every
+  /// server relays for its domain are forwarded to their owner (daemon/pool/relay.hpp). Empty: every
   /// rank registers every parameter it pushes here, and nothing is relayed.
   std::string plan_path;
   int server_id = -1;
@@ -70,7 +70,7 @@ struct ServerConfig {
   std::vector<std::string> pool_servers;
   /// Replicate each owned parameter's state to its owner's buddy (plan servers[].buddy) after
   /// every step, releasing the update once the buddy holds it, so the buddy can take over
-  /// when this server is lost (daemon/replicator.hpp). Off: no buddy; a crash loses the steps
+  /// when this server is lost (daemon/pool/replicator.hpp). Off: no buddy; a crash loses the steps
   /// since the last snapshot.
   bool replicate = true;
   /// Numeric health: measure every Nth update of each parameter (the 1st, N+1th, ...); 0: off.

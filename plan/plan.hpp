@@ -70,7 +70,7 @@ struct Server {
   std::vector<int> owns;    ///< parameter indices (into Plan::parameters) it owns
   std::vector<int> relays;  ///< parameter indices it relays for its domain (owner elsewhere)
   /// The server that keeps a replica of the state of every parameter this one owns (the
-  /// owner streams each applied step's momentum and update to it, daemon/replicator.hpp) and
+  /// owner streams each applied step's momentum and update to it, daemon/pool/replicator.hpp) and
   /// takes them over when this one is lost; -1: none (an owner of nothing, or no server of the
   /// pool qualifies: a buddy must not relay any of this server's parameters). The least loaded
   /// qualifying server by momentum bytes already buddied, on another host first.

@@ -18,7 +18,7 @@
 //         40  i64 count      [0, 2^40]
 // A chunk carries exactly one of param_id and name: a name (1..512 bytes) only where its sender
 // holds no id: the replica chunks an owner streams to its buddy before the register_param that
-// seals them (daemon/replicator.hpp), and a client's push of a parameter whose registration was
+// seals them (daemon/pool/replicator.hpp), and a client's push of a parameter whose registration was
 // never answered on its connection (the server then refuses it by name, as before ids).
 //
 // push_ack / update_ack payload (SlotAck), 8 bytes: u32 magic kSlotAckMagic ("SACK"), u32 slot.

@@ -70,11 +70,11 @@ const char* data_plane_name(DataPlane d);
 DataPlane parse_data_plane(const std::string& name);
 
 /// What a data-plane chunk carries. replica_momentum and replica_update travel only on a
-/// replica session (an owner streaming a parameter's state to its buddy, daemon/replicator.hpp):
+/// replica session (an owner streaming a parameter's state to its buddy, daemon/pool/replicator.hpp):
 /// the momentum after a step and that step's update, fp32.
 enum class ChunkKind : uint8_t { gradient, momentum, replica_momentum, replica_update };
 
-/// Relay sessions: a server that relays a domain's partial sums to their owner (daemon/relay.hpp)
+/// Relay sessions: a server that relays a domain's partial sums to their owner (daemon/pool/relay.hpp)
 /// says hello as rank relay_rank(world_size, its plan id), above every compute rank, so that
 /// the owner sums it after the compute ranks that push to it directly, in server-id order.
 inline int relay_rank(int world_size, int server_id) {
@@ -83,7 +83,7 @@ inline int relay_rank(int world_size, int server_id) {
 /// Plan server ids a relay may have (hello.relay_server).
 constexpr int kMaxRelayServers = 1 << 16;
 /// Replica sessions: an owner streaming its parameters' state to its buddy server
-/// (daemon/replicator.hpp) says hello as rank replica_rank(world_size, its plan id), above every
+/// (daemon/pool/replicator.hpp) says hello as rank replica_rank(world_size, its plan id), above every
 /// relay rank (a server may hold a relay session and a replica session to the same peer).
 inline int replica_rank(int world_size, int server_id) {
   return world_size + kMaxRelayServers + server_id;

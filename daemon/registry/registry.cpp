@@ -16,7 +16,7 @@ using transport::MessageType;
 
 void Engine::on_register(const SessionPtr& s, const Frame& f) {
   auto m = transport::decode<transport::RegisterParam>(f.payload);
-  if (m.replica) {  // not a registration: an owner seals a replica here (daemon/replicator.hpp)
+  if (m.replica) {  // not a registration: an owner seals a replica here (daemon/pool/replicator.hpp)
     on_replica_seal(s, m, f.request_id);
     return;
   }

@@ -1,6 +1,6 @@
 // ParameterRole of a parameter this server relays for its domain (parameter_role.hpp): the
 // owner server keeps the momentum; a step's partial sum over the domain's ranks goes to it
-// through the Relay (daemon/relay.hpp), and the owner's update or error comes back to
+// through the Relay (daemon/pool/relay.hpp), and the owner's update or error comes back to
 // Engine::finish_relayed. The device storage, if any, holds no momentum.
 #include "daemon/engine.hpp"
 #include "daemon/log.hpp"

@@ -1,4 +1,4 @@
-// The Engine's side of replication (daemon/replicator.hpp, daemon/replica_store.hpp): an owned
+// The Engine's side of replication (daemon/pool/replicator.hpp, daemon/replica_store.hpp): an owned
 // step held back until the buddy holds its state, the buddy's store of replica sessions' chunks
 // and seals, and a taken-over parameter's replayed step.
 #include <algorithm>

@@ -1,4 +1,4 @@
-// Pool relays end to end with real processes (daemon/relay.hpp, daemon/pool_routes.hpp): two
+// Pool relays end to end with real processes (daemon/pool/relay.hpp, daemon/pool_routes.hpp): two
 // servers, one per domain, each the owner of half the parameters and the relay of the other half
 // for its domain; four rank processes, each talking only to its domain's server. Updates and the
 // owners' momentum are compared bitwise with the same kernels run in process on the gradient the

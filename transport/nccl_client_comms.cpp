@@ -1,4 +1,4 @@
-#include "client/nccl_plane.hpp"
+#include "transport/nccl_client_comms.hpp"
 
 #include <cuda_runtime_api.h>
 
@@ -9,7 +9,7 @@
 #include "kernels/device_event.hpp"
 #include "transport/nccl_comm.hpp"
 
-namespace muon::client {
+namespace muon::transport {
 
 namespace {
 
@@ -35,7 +35,7 @@ int current_device() {
 
 }  // namespace
 
-struct NcclPlane::Impl {
+struct NcclClientComms::Impl {
   Impl(const transport::NcclIdBytes& tx_id, const transport::NcclIdBytes& rx_id,
        uint64_t slot_bytes, std::chrono::milliseconds timeout)
       : device(current_device()),
@@ -60,7 +60,7 @@ struct NcclPlane::Impl {
   transport::NcclComm tx, rx;  // declared last: finalized before the streams and buffers go
 };
 
-NcclPlane::NcclPlane(const transport::NcclIdBytes& tx_id, const transport::NcclIdBytes& rx_id,
+NcclClientComms::NcclClientComms(const transport::NcclIdBytes& tx_id, const transport::NcclIdBytes& rx_id,
                      uint64_t slot_bytes, std::chrono::milliseconds timeout)
     : impl_(std::make_unique<Impl>(tx_id, rx_id, slot_bytes, timeout)) {
   // Connect both communicators now, as the server does right after its join: a communicator's
@@ -76,20 +76,20 @@ NcclPlane::NcclPlane(const transport::NcclIdBytes& tx_id, const transport::NcclI
   i.rx.wait(i.reader_stream.get(), timeout);
 }
 
-void NcclPlane::abort() noexcept {
+void NcclClientComms::abort() noexcept {
   impl_->tx.abort();
   impl_->rx.abort();
 }
 
-NcclPlane::~NcclPlane() {
+NcclClientComms::~NcclClientComms() {
   synchronize();
 }
 
-int NcclPlane::device() const {
+int NcclClientComms::device() const {
   return impl_->device;
 }
 
-void NcclPlane::send(const void* device_src, size_t count, transport::DType dtype,
+void NcclClientComms::send(const void* device_src, size_t count, transport::DType dtype,
                      StreamHandle stream) {
   const auto push = impl_->push_stream.get();
   if (stream != push) {  // the source is ready once `stream` passed this point
@@ -100,11 +100,11 @@ void NcclPlane::send(const void* device_src, size_t count, transport::DType dtyp
   impl_->tx.send(0, {&tile, 1}, push);
 }
 
-StreamHandle NcclPlane::push_stream() const {
+StreamHandle NcclClientComms::push_stream() const {
   return impl_->push_stream.get();
 }
 
-void NcclPlane::send_host(const void* host_src, size_t count, transport::DType dtype) {
+void NcclClientComms::send_host(const void* host_src, size_t count, transport::DType dtype) {
   const size_t bytes = impl_->check_fits(count, dtype, "a host push");
   const auto stream = impl_->push_stream.get();
   if (bytes > 0) {
@@ -116,20 +116,20 @@ void NcclPlane::send_host(const void* host_src, size_t count, transport::DType d
   impl_->tx.wait(stream, std::chrono::minutes(10));
 }
 
-void NcclPlane::enter_reader_thread() {
+void NcclClientComms::enter_reader_thread() {
   MUON_CUDA_CHECK(cudaSetDevice(impl_->device));
 }
 
-StreamHandle NcclPlane::reader_stream() const {
+StreamHandle NcclClientComms::reader_stream() const {
   return impl_->reader_stream.get();
 }
 
-void NcclPlane::recv(void* device_dst, size_t count, transport::DType dtype) {
+void NcclClientComms::recv(void* device_dst, size_t count, transport::DType dtype) {
   const transport::RecvTile tile{device_dst, count, dtype};
   impl_->rx.recv(0, {&tile, 1}, impl_->reader_stream.get());
 }
 
-void NcclPlane::recv_to_host(void* host_dst, size_t count, transport::DType dtype) {
+void NcclClientComms::recv_to_host(void* host_dst, size_t count, transport::DType dtype) {
   const size_t bytes = impl_->check_fits(count, dtype, "a received chunk");
   const auto stream = impl_->reader_stream.get();
   recv(impl_->rx_stage.data, count, dtype);
@@ -140,13 +140,13 @@ void NcclPlane::recv_to_host(void* host_dst, size_t count, transport::DType dtyp
   impl_->rx.wait(stream, std::chrono::minutes(10));
 }
 
-void NcclPlane::discard(size_t count, transport::DType dtype) {
+void NcclClientComms::discard(size_t count, transport::DType dtype) {
   impl_->check_fits(count, dtype, "a received chunk");
   // Stream-ordered after the previous receive into the staging buffer: no wait needed.
   recv(impl_->rx_stage.data, count, dtype);
 }
 
-void NcclPlane::synchronize(std::chrono::milliseconds timeout) noexcept {
+void NcclClientComms::synchronize(std::chrono::milliseconds timeout) noexcept {
   MUON_CUDA_CHECK_NOTHROW(cudaSetDevice(impl_->device));
   // Each wait watches its communicator and aborts it on an error or at the deadline (or throws at
   // once when it was aborted before); either way its NCCL kernels then return (gpu-review F6).
@@ -157,11 +157,11 @@ void NcclPlane::synchronize(std::chrono::milliseconds timeout) noexcept {
       comm->wait(stream, timeout);
     } catch (const std::exception& e) {
       abort();
-      detail::report_failed_call("NcclPlane::synchronize", e.what(), __FILE__, __LINE__);
+      detail::report_failed_call("NcclClientComms::synchronize", e.what(), __FILE__, __LINE__);
     }
   }
   MUON_CUDA_CHECK_NOTHROW(cudaStreamSynchronize(impl_->reader_stream.get()));
   MUON_CUDA_CHECK_NOTHROW(cudaStreamSynchronize(impl_->push_stream.get()));
 }
 
-}  // namespace muon::client
+}  // namespace muon::transport

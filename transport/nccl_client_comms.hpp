@@ -1,11 +1,11 @@
-// The nccl data plane of one session, as the client sees it: the session's two NCCL communicators
-// of 2 ranks (server rank 0, this client rank 1; transport/nccl_comm.hpp), joined from the ids of
-// hello_ok, with the client's own streams and staging buffers. Gradients go out with ncclSend on
-// the tx communicator after their push frame; updates come back with ncclRecv on the rx
-// communicator, posted by the reader thread when their update frame arrives (the server posts
-// the matching calls in frame order). Plain C++ header (no CUDA or NCCL types); the
-// implementation is nccl_plane.cpp, compiled in builds with NCCL only (plane_nccl.cpp, its one
-// user, too; nccl_unavailable.cpp stands in for both elsewhere).
+// The client end of an nccl session (transport/messages.hpp, DataPlane::nccl): the session's two
+// NCCL communicators of 2 ranks (server rank 0, this end rank 1; transport/nccl_comm.hpp), joined
+// from the ids of hello_ok, with this end's own streams and staging buffers. Gradients go out
+// with ncclSend on the tx communicator after their push frame; updates come back with ncclRecv on
+// the rx communicator, posted when their update frame arrives (the server posts the matching
+// calls in frame order). Used by the trainer's client (client/plane_nccl.cpp) and by a server
+// reaching a peer server of its pool (daemon/pool/link_plane_nccl.cpp). Plain C++ header (no CUDA
+// or NCCL types); the implementation is nccl_client_comms.cpp, compiled in builds with NCCL only.
 #pragma once
 
 #include <chrono>
@@ -16,25 +16,25 @@
 #include "transport/messages.hpp"
 #include "transport/nccl_id.hpp"
 
-namespace muon::client {
+namespace muon::transport {
 
-class NcclPlane {
+class NcclClientComms {
  public:
   /// Joins the tx communicator, then the rx one, as rank 1 of 2 on the current CUDA device,
   /// waiting up to `timeout` for each (the server joins both on a thread of its own); allocates
   /// two staging buffers of `slot_bytes` (device memory). Throws BackendUnavailable (built
   /// without NCCL), DeviceError (no usable GPU, NCCL refuses or times out; e.g. NCCL refuses two
   /// ranks of one communicator on the same GPU).
-  NcclPlane(const transport::NcclIdBytes& tx_id, const transport::NcclIdBytes& rx_id,
+  NcclClientComms(const transport::NcclIdBytes& tx_id, const transport::NcclIdBytes& rx_id,
             uint64_t slot_bytes, std::chrono::milliseconds timeout);
   /// Aborts both communicators (the server is gone): transfers queued on any stream return and
   /// the plane is unusable. Any thread; idempotent.
   void abort() noexcept;
   /// Waits for the plane's streams (synchronize(): at most kDrainTimeout, then aborts), then
   /// finalizes both communicators (NcclComm's destructor).
-  ~NcclPlane();
-  NcclPlane(const NcclPlane&) = delete;
-  NcclPlane& operator=(const NcclPlane&) = delete;
+  ~NcclClientComms();
+  NcclClientComms(const NcclClientComms&) = delete;
+  NcclClientComms& operator=(const NcclClientComms&) = delete;
 
   /// The CUDA device the communicators live on.
   int device() const;
@@ -81,4 +81,4 @@ class NcclPlane {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace muon::client
+}  // namespace muon::transport

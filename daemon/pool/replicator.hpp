@@ -10,29 +10,24 @@
 // negative), then a RegisterParam with replica = true that seals them; its register_ok is the
 // buddy's acknowledgement.
 //
-// Threads: the io thread only enqueues. One sender thread streams the jobs in order and posts
-// each outcome back. A buddy that cannot be reached fails its jobs at once for retry_after (no
-// step waits for a dead buddy's connect timeout), then is tried again.
+// Threads: none of its own. Each buddy is reached through a PeerLink (daemon/pool/peer_link.hpp)
+// on the server's io_context; a buddy's jobs go out in call order. A buddy that cannot be reached
+// fails its jobs at once for retry_after (no step waits for a dead buddy's connect timeout), then
+// is tried again.
 #pragma once
 
+#include "transport/asio.hpp"
+
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
-#include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "daemon/pool/peer_link.hpp"
 #include "transport/messages.hpp"
-
-namespace muon::client {
-class Connection;
-}
 
 namespace muon::daemon {
 
@@ -48,6 +43,7 @@ struct ReplicatorConfig {
   std::chrono::milliseconds op_timeout{30000};
   /// After a failure toward a buddy, its jobs fail at once for this long.
   std::chrono::milliseconds retry_after{2000};
+  int device = 0;  ///< the CUDA device of this server (nccl toward a buddy on another host)
 };
 
 /// One replicated step of one parameter.
@@ -62,41 +58,37 @@ struct ReplicaJob {
 
 class Replicator {
  public:
-  /// Runs a callback on the io thread.
-  using Post = std::function<void(std::function<void()>)>;
   /// "" when the buddy holds the step, else why not (unreachable, refused).
   using Done = std::function<void(std::string error)>;
 
-  /// Starts the sender thread; connects to a buddy when its first job comes. Throws
-  /// InvalidArgument when config.server_id is not in config.pool.
-  Replicator(ReplicatorConfig config, Post post);
-  /// Abandons every connection (the job in progress fails), runs the rest of the queue as
-  /// failures, joins the thread.
+  /// Connects to a buddy when its first job comes, on `io` (the server's io_context, run by its
+  /// one io thread, the only thread that may call the replicator). Throws InvalidArgument when
+  /// config.server_id is not in config.pool.
+  Replicator(ReplicatorConfig config, boost::asio::io_context& io);
+  /// Closes every link; nothing owed is called any more.
   ~Replicator();
   Replicator(const Replicator&) = delete;
   Replicator& operator=(const Replicator&) = delete;
 
-  /// Streams `job` to its buddy and seals it; `done` runs on the io thread.
+  /// Streams `job` to its buddy and seals it; `done` runs later on the io thread. The job's
+  /// buffers are read until then.
   void replicate(ReplicaJob job, Done done);
   /// Buddy `target` is known lost (its replica session toward this server broke): its jobs fail
-  /// at once for retry_after, as after a failed job. Any thread.
+  /// at once for retry_after, as after a failed job.
   void mark_down(int target);
   /// "server 2 (/run/.../b.sock)" for messages.
   std::string describe(int id) const;
 
  private:
-  std::string run(const ReplicaJob& job);  // sender thread: "" or the error
-  std::shared_ptr<client::Connection> connection(int target);
+  /// The live link to `target`, made when there is none or it was lost.
+  std::shared_ptr<PeerLink> link_to(int target);
+  void later(std::function<void()> fn);
 
   ReplicatorConfig config_;
-  Post post_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::pair<ReplicaJob, Done>> jobs_;
-  bool stopping_ = false;
-  std::map<int, std::shared_ptr<client::Connection>> connections_;  // under mu_
-  std::map<int, std::chrono::steady_clock::time_point> down_until_;  // under mu_
-  std::thread thread_;
+  boost::asio::io_context& io_;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // expires with the replicator
+  std::map<int, std::shared_ptr<PeerLink>> links_;
+  std::map<int, std::chrono::steady_clock::time_point> down_until_;
 };
 
 }  // namespace muon::daemon
