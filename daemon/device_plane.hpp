@@ -62,7 +62,7 @@ class DeviceParamState;
 /// A session's exported rings (opaque; made by DevicePlane::make_session_rings).
 class DeviceSessionRings;
 
-/// Threads a DevicePlane starts and joins (opaque; device_plane.cpp).
+/// Threads a DevicePlane starts and joins (daemon/owned_threads.hpp).
 class OwnedThreads;
 
 /// Releases what DevicePlane made; usable as unique_ptr/shared_ptr deleters.
