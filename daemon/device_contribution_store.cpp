@@ -4,8 +4,8 @@
 // store's reference, so both sum bitwise alike. Built only with CUDA.
 #include <cuda_runtime_api.h>
 
+#include <deque>
 #include <optional>
-#include <vector>
 
 #include "core/cuda_check.hpp"
 #include "daemon/device_plane_impl.hpp"
@@ -16,15 +16,22 @@
 namespace muon::daemon {
 namespace {
 
-// Per-rank device buffers of one parameter; every move on the receive stream.
+// Per-rank device buffers of one parameter. A chunk is added on the stream its data is ordered
+// on: a session's receive stream, or (host data: a shared-memory slot) the plane's shm stream,
+// which stages it first; the reduction reads the buffers on the plane's reduce stream. Moves of
+// one buffer on different streams are ordered by the buffer's `used` event: recorded after
+// every move, waited for before the next (device_streams.hpp). So the reduction waits for every
+// rank's last chunk, whichever session's stream added it, and the next step's chunks wait for
+// the reduction that read the buffer, and nothing waits for a session it has no data from.
 class DeviceContributionStore final : public ContributionStore {
  public:
-  DeviceContributionStore(int device, StreamHandle stream) : device_(device), stream_(stream) {}
+  DeviceContributionStore(int device, StreamHandle shm, StreamHandle reduce)
+      : device_(device), shm_(shm), reduce_(reduce) {}
 
   void resize(size_t rank, int64_t elements) override {
     MUON_CUDA_CHECK(cudaSetDevice(device_));
-    if (buffers_.size() <= rank) buffers_.resize(rank + 1);
-    buffers_[rank].reserve(f32_bytes(elements));
+    while (buffers_.size() <= rank) buffers_.emplace_back();
+    buffers_[rank].values.reserve(f32_bytes(elements));
   }
 
   void write(size_t rank, int64_t at, const Contribution& values, int64_t first, int64_t n,
@@ -33,44 +40,65 @@ class DeviceContributionStore final : public ContributionStore {
     MUON_CUDA_CHECK(cudaSetDevice(device_));
     const size_t esize = dtype_bytes(values.dtype);
     const auto* src = static_cast<const std::byte*>(values.data) + esize * first;
+    StreamHandle stream = values.stream != nullptr ? values.stream : reduce_;
     if (!values.device) {
       // A shared-memory slot: the caller acks it when this returns, and the client rewrites it,
       // so the copy out of it must be complete by then. Wait for that copy alone (an event right
-      // after it), not for the reduction behind it (a stream sync per chunk did: gpu-review F10).
-      // Whether cudaMemcpyAsync from pageable memory returns before the copy is done depends on
-      // the platform (the CUDA "API synchronization behavior" page: it "might be synchronous";
-      // with ATS on Grace it can be truly asynchronous), so the wait is explicit. staging_ is
-      // reused by the next chunk's copy on the same stream, after this chunk's reduction (stream
-      // order); growing it frees the old block, and cudaFree waits for the work that reads it.
+      // after it, recorded before the stream waits for the buffer), not for the reduction behind
+      // it (a stream sync per chunk did: gpu-review F10). Whether cudaMemcpyAsync from pageable
+      // memory returns before the copy is done depends on the platform (the CUDA "API
+      // synchronization behavior" page: it "might be synchronous"; with ATS on Grace it can be
+      // truly asynchronous), so the wait is explicit. staging_ is reused by the next chunk's copy
+      // on the same stream, after this chunk's reduction (stream order); growing it frees the
+      // old block, and cudaFree waits for the work that reads it.
+      stream = shm_;
       staging_.reserve(esize * static_cast<size_t>(n));
       MUON_CUDA_CHECK(cudaMemcpyAsync(staging_.get(), src, esize * static_cast<size_t>(n),
-                                      cudaMemcpyHostToDevice, stream_));
+                                      cudaMemcpyHostToDevice, stream));
       if (!copied_) copied_.emplace();
-      MUON_CUDA_CHECK(cudaEventRecord(copied_->e, stream_));
+      MUON_CUDA_CHECK(cudaEventRecord(copied_->e, stream));
       src = staging_.as<std::byte>();
     }
     const TileSource source{src, values.dtype};
-    reduce_tiles({&source, 1}, buffers_[rank].as<float>() + at, n,
-                 add ? TileReduce::accumulate : TileReduce::assign, stream_);
+    move(buffers_[rank], stream, [&] {
+      reduce_tiles({&source, 1}, buffers_[rank].values.as<float>() + at, n, mode_of(add), stream);
+    });
     if (!values.device) MUON_CUDA_CHECK(cudaEventSynchronize(copied_->e));  // the slot is free
   }
 
   void fill_negative_zero(float* out, int64_t n) override {
     MUON_CUDA_CHECK(cudaSetDevice(device_));
-    fill_device(out, n, -0.0f, stream_);
+    fill_device(out, n, -0.0f, reduce_);
   }
 
   void read(size_t rank, int64_t at, float* out, int64_t n, bool add) override {
     if (n == 0) return;
     MUON_CUDA_CHECK(cudaSetDevice(device_));
-    const TileSource source{buffers_[rank].as<float>() + at, TileDType::f32};
-    reduce_tiles({&source, 1}, out, n, add ? TileReduce::accumulate : TileReduce::assign, stream_);
+    const TileSource source{buffers_[rank].values.as<float>() + at, TileDType::f32};
+    move(buffers_[rank], reduce_, [&] {
+      reduce_tiles({&source, 1}, out, n, mode_of(add), reduce_);
+    });
   }
 
  private:
+  struct RankBuffer {
+    DeviceBuffer values;
+    OwnedEvent used;  // after the latest move in or out of `values`, on whichever stream
+  };
+  static TileReduce mode_of(bool add) { return add ? TileReduce::accumulate : TileReduce::assign; }
+  // `enqueue` (a move in or out of `b`) on `stream`, after the buffer's previous move. Always
+  // waited, even on the stream that made it (a no-op there): a closed session's stream handle
+  // may come back as another session's, so handles are not compared.
+  template <class Enqueue>
+  static void move(RankBuffer& b, StreamHandle stream, Enqueue enqueue) {
+    MUON_CUDA_CHECK(cudaStreamWaitEvent(stream, b.used.e, 0));
+    enqueue();
+    MUON_CUDA_CHECK(cudaEventRecord(b.used.e, stream));
+  }
+
   int device_;
-  StreamHandle stream_;
-  std::vector<DeviceBuffer> buffers_;
+  StreamHandle shm_, reduce_;
+  std::deque<RankBuffer> buffers_;  // a deque: events do not move
   DeviceBuffer staging_;
   std::optional<OwnedEvent> copied_;  // recorded after each shared-memory chunk's copy
 };
@@ -78,13 +106,14 @@ class DeviceContributionStore final : public ContributionStore {
 }  // namespace
 
 std::unique_ptr<ContributionStore> DevicePlane::make_contribution_store() {
-  return std::make_unique<DeviceContributionStore>(config_.device, impl_->streams.receive.get());
+  return std::make_unique<DeviceContributionStore>(config_.device, impl_->streams.shm.get(),
+                                                   impl_->streams.reduce.get());
 }
 
 void DevicePlane::reduce(StepReducer& reducer, DeviceParamState& param) {
   MUON_CUDA_CHECK(cudaSetDevice(config_.device));
-  reducer.reduce(param.grad.as<float>());
-  MUON_CUDA_CHECK(cudaEventRecord(param.grad_ready.e, impl_->streams.receive.get()));
+  reducer.reduce(param.grad.as<float>());  // on the reduce stream, after every rank's last chunk
+  MUON_CUDA_CHECK(cudaEventRecord(param.grad_ready.e, impl_->streams.reduce.get()));
 }
 
 }  // namespace muon::daemon

@@ -29,7 +29,7 @@ DevicePlane::~DevicePlane() {
     impl_->joiners.join_all();     // before the sync: a join's warm-up transfers end with it
     impl_->teardowns->join_all();  // sessions' communicators, then their rings
     MUON_CUDA_CHECK_NOTHROW(cudaSetDevice(config_.device));
-    const auto sync = device_sync_scope();  // not during a graph capture (gpu-review F7)
+    const auto sync = device_sync_scope();             // not during a graph capture (gpu-review F7)
     MUON_CUDA_CHECK_NOTHROW(cudaDeviceSynchronize());  // nothing queued may outlive its buffers
   }
 }

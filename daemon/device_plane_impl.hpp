@@ -26,12 +26,15 @@ class DeviceParamState {
   OwnedEvent grad_ready, released;
 };
 
-/// A session's gradient ring (tx, client -> server) and result ring (rx): exported over CUDA IPC
-/// on the cuda_ipc plane, local and moved by NCCL on the nccl plane.
+/// A session's gradient ring (tx, client -> server), result ring (rx) and receive stream: the
+/// rings exported over CUDA IPC on the cuda_ipc plane, local and moved by NCCL on the nccl
+/// plane; the stream reduces the session's chunks into their ranks' buffers
+/// (device_streams.hpp). On the current device.
 class DeviceSessionRings {
  public:
   DeviceSessionRings(uint32_t tx_slots, uint32_t rx_slots, uint64_t slot_bytes)
-      : tx(tx_slots, slot_bytes), rx(rx_slots, slot_bytes) {}
+      : receive(StreamPriority::high), tx(tx_slots, slot_bytes), rx(rx_slots, slot_bytes) {}
+  DeviceStream receive;
   transport::DeviceRing tx, rx;
   std::shared_ptr<NcclSession> nccl;  // null on the cuda_ipc plane (daemon/nccl_session.hpp)
 };

@@ -70,7 +70,7 @@ const transport::DeviceRingDescriptor& DevicePlane::tx_descriptor(const DeviceSe
 const transport::DeviceRingDescriptor& DevicePlane::rx_descriptor(const DeviceSessionRings&) {
   unavailable();
 }
-const void* DevicePlane::begin_receive(DeviceSessionRings&, uint32_t, int64_t, transport::DType) {
+Contribution DevicePlane::begin_receive(DeviceSessionRings&, uint32_t, int64_t, transport::DType) {
   unavailable();
 }
 void DevicePlane::end_receive(DeviceSessionRings&, uint32_t) {

@@ -48,18 +48,19 @@ const transport::DeviceRingDescriptor& DevicePlane::rx_descriptor(const DeviceSe
   return r.rx.descriptor();
 }
 
-const void* DevicePlane::begin_receive(DeviceSessionRings& rings, uint32_t slot, int64_t count,
-                                       transport::DType dtype) {
+Contribution DevicePlane::begin_receive(DeviceSessionRings& rings, uint32_t slot, int64_t count,
+                                        transport::DType dtype) {
   MUON_CUDA_CHECK(cudaSetDevice(config_.device));
   // nccl: the client's ncclSend of this chunk, received in push order.
   if (rings.nccl) nccl_receive(*rings.nccl, rings.tx, slot, count, dtype);
-  rings.tx.wait_ready(slot, impl_->streams.receive.get());
-  return rings.tx.slot(slot);
+  const auto stream = rings.receive.get();
+  rings.tx.wait_ready(slot, stream);
+  return Contribution{rings.tx.slot(slot), dtype, true, count, stream};
 }
 
 void DevicePlane::end_receive(DeviceSessionRings& rings, uint32_t slot) {
   MUON_CUDA_CHECK(cudaSetDevice(config_.device));
-  rings.tx.mark_free(slot, impl_->streams.receive.get());
+  rings.tx.mark_free(slot, rings.receive.get());
 }
 
 bool DevicePlane::tx_slot_written(const DeviceSessionRings& rings, uint32_t slot) {

@@ -37,8 +37,8 @@ DeviceParamPtr DevicePlane::make_param(int64_t numel, bool momentum) {
 
 void DevicePlane::copy_blocking(void* dst, const void* src, int64_t floats) {
   MUON_CUDA_CHECK(cudaSetDevice(config_.device));
-  MUON_CUDA_CHECK(cudaMemcpyAsync(dst, src, f32_bytes(floats), cudaMemcpyDefault,
-                                  impl_->streams.host.get()));
+  MUON_CUDA_CHECK(
+      cudaMemcpyAsync(dst, src, f32_bytes(floats), cudaMemcpyDefault, impl_->streams.host.get()));
   impl_->streams.host.synchronize();
 }
 
