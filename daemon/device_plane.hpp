@@ -94,8 +94,8 @@ class DevicePlane {
   /// it must not outlive the plane. Throws DeviceError.
   std::unique_ptr<ParamStorage> make_storage(int64_t numel, bool momentum);
   /// A contribution store in device memory: chunks added on the stream their Contribution names
-  /// (a session's receive stream; host chunks staged on the shm stream, waiting for their copy
-  /// out of the slot before write() returns), the reduction on the reduce stream.
+  /// (a session's receive stream; host chunks staged on the shm stream, each copy fenced:
+  /// host_copies_done), the reduction on the reduce stream.
   std::unique_ptr<ContributionStore> make_contribution_store();
   /// Enqueues the reduction of the complete `reducer` into the parameter's gradient on the
   /// reduce stream (after every rank's last chunk) and records grad_ready. Throws as
@@ -113,6 +113,17 @@ class DevicePlane {
   /// blocking), so that send_update returns it like a computed one. Throw DeviceError.
   void read_grad(DeviceParamState& param, float* out);
   void write_update(DeviceParamState& param, const float* in);
+
+  // ---- sessions on the shm plane (io thread) -------------------------------------------------
+  /// The fence of the latest copy of a shared-memory chunk onto the device (a contribution
+  /// store's staging, on the shm stream); 0 before the first.
+  uint64_t host_copy_fence() const;
+  /// Whether every such copy up to `fence` is done on the GPU (cudaEventQuery; never waits):
+  /// the chunk's slot may then be acked (daemon/planes/shm_plane.hpp). Throws DeviceError.
+  bool host_copies_done(uint64_t fence);
+  /// Blocks until every such copy up to `fence` is done: a closing shm session's segment is
+  /// unmapped only then. Throws DeviceError.
+  void wait_host_copies(uint64_t fence);
 
   // ---- the worker thread ---------------------------------------------------------------------
   /// The Scheduler's runner for jobs on this plane (NsJob::device): the Muon step on the compute

@@ -6,6 +6,7 @@
 
 #include "daemon/device_plane.hpp"
 #include "daemon/device_streams.hpp"
+#include "daemon/host_copy_fences.hpp"
 #include "daemon/nccl_session.hpp"
 #include "daemon/owned_threads.hpp"
 #include "kernels/device_buffer.hpp"
@@ -43,7 +44,8 @@ struct DevicePlane::Impl {
   explicit Impl(const DevicePlaneConfig& c)
       : streams(c.priority), muon(DeviceMuonConfig{c.device, c.capture_graphs}) {}
   DeviceStreams streams;
-  DeviceMuon muon;  // the worker thread's only
+  HostCopyFences host_copies;  // shm chunks staged on streams.shm (io thread)
+  DeviceMuon muon;             // the worker thread's only
 
   // The NCCL joining threads (join_nccl; each within its join timeout) and the nccl sessions'
   // teardown threads (each within NCCL's finalize deadline), joined in ~DevicePlane.

@@ -58,6 +58,15 @@ void DevicePlane::read_grad(DeviceParamState&, float*) {
 void DevicePlane::write_update(DeviceParamState&, const float*) {
   unavailable();
 }
+uint64_t DevicePlane::host_copy_fence() const {
+  unavailable();
+}
+bool DevicePlane::host_copies_done(uint64_t) {
+  unavailable();
+}
+void DevicePlane::wait_host_copies(uint64_t) {
+  unavailable();
+}
 std::unique_ptr<StepRunner> DevicePlane::step_runner() {
   unavailable();
 }
