@@ -5,7 +5,7 @@
 // its bytes went to. The plane here records what it is given (the device planes need a GPU);
 // the shared-memory plane itself is tested at the end, through a client's mapping.
 // While the data plane is held (an nccl join), the client's frames from its first push on wait
-// for it, in order.
+// for it, in order; a push_ack waits, in order, until the plane has read its slot.
 // A real Session on a real socket pair; the peer's side reads the frames.
 #include <gtest/gtest.h>
 
