@@ -5,6 +5,23 @@
 #include "core/cuda_check.hpp"
 
 namespace muon::client {
+namespace {
+
+// The device `stream` belongs to, or -1 where the runtime cannot tell (cudaStreamGetDevice came
+// with CUDA 12.8).
+#if CUDART_VERSION >= 12080
+int device_of(StreamHandle stream) {
+  int device = -1;
+  MUON_CUDA_CHECK(cudaStreamGetDevice(stream, &device));
+  return device;
+}
+#else
+int device_of(StreamHandle) {
+  return -1;
+}
+#endif
+
+}  // namespace
 
 DeviceScope::DeviceScope(int device) : device_(device) {
   MUON_CUDA_CHECK(cudaGetDevice(&previous_));
@@ -20,11 +37,10 @@ void require_stream_on_device(StreamHandle stream, int device, int caller_device
   int owner = caller_device;
   const bool default_stream =
       stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread;
-#if CUDART_VERSION >= 12080
-  if (!default_stream) MUON_CUDA_CHECK(cudaStreamGetDevice(stream, &owner));
-#else
-  if (!default_stream) return;
-#endif
+  if (!default_stream) {
+    owner = device_of(stream);
+    if (owner < 0) return;  // a runtime before 12.8: only the default streams are checked
+  }
   if (owner != device) {
     throw InvalidArgument(what + ": the stream belongs to CUDA device " + std::to_string(owner) +
                           " but the connection's data plane lives on device " +

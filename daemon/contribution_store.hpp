@@ -9,17 +9,20 @@
 #include <cstdint>
 #include <memory>
 
+#include "kernels/device_stream.hpp"
 #include "kernels/tile_reduce.hpp"
 
 namespace muon::daemon {
 
 /// `count` elements of `dtype` at `data`: in host memory, or (device = true) in device memory of
-/// the server's GPU (a CUDA IPC receive slot).
+/// the server's GPU (a session's receive slot), readable by work queued on `stream` (the
+/// session's receive stream; null: by any work, e.g. a buffer already written).
 struct Contribution {
   const void* data = nullptr;
   TileDType dtype = TileDType::f32;
   bool device = false;
   int64_t count = 0;
+  StreamHandle stream = nullptr;
 };
 
 /// One parameter's per-rank buffers. `out` pointers of fill/read are in the store's memory (host

@@ -3,28 +3,24 @@
 // reduced gradient, the fp32 momentum, the update. Per session on the cuda_ipc plane: a receive
 // ring and a result ring exported over CUDA IPC (transport/cuda_ipc.hpp); on the nccl plane the
 // same rings stay local and are filled and drained by ncclRecv/ncclSend on two session streams
-// (two 2-rank communicators, transport/nccl_comm.hpp). Three plane-wide streams:
-//   receive  waits each gradient slot's `ready` event, reduces it into the rank's buffer
-//            (kernels/tile_reduce), records the slot's `free` event; at a step's last commit,
-//            reduces the ranks in ascending order into the gradient and records `grad_ready`;
-//   compute  (the worker thread) waits grad_ready and the previous update's `released`, runs
-//            the Muon step (kernels/device_muon.hpp: momentum, Newton-Schulz, scale);
-//   return   waits each result slot's `free` event, copies (or narrows to bf16) the client's
-//            part of the update into it, records `ready`; then `released` for the parameter.
-// The control plane's credits say who may use which slot; the events only order GPU work. The
-// io thread's blocking copies (momentum, update read-back, fills) run on a fourth stream that
-// waits on nothing of a client's, with three exceptions that wait on GPU work of clients: a
-// momentum load waits for that client's write of its slot; a chunk of a shm session is staged
-// through the receive stream and waits for it (so shm ranks on a GPU server are paced by the
-// cuda_ipc ranks' pushes queued before theirs); a result chunk that waited for a credit is
-// copied from host memory on a staging stream that waits only for the slot's previous reader.
-// Sessions on the shm plane are served: their
-// host slots staged, their updates read back to the host once per step.
-// The reduction order and grouping are the host's (daemon/step_reducer.hpp), so the reduced
-// gradient is bitwise the CPU server's; the Newton-Schulz is the CUDA backend's.
+// (two 2-rank communicators, daemon/nccl_session.hpp). Sessions on the shm plane are served too:
+// their host slots staged onto the device, their updates read back to the host once per step.
 //
-// The header names no CUDA type. In builds without CUDA every constructor throws
-// BackendUnavailable (daemon/device_plane_none.cpp).
+// Streams (drawn in daemon/device_streams.hpp): each session reduces its chunks into their
+// ranks' buffers on a receive stream of its own; shm chunks on one shm stream; a step's last
+// commit sums the ranks on the reduce stream (after every rank's last chunk, by events) and
+// records grad_ready; the worker's compute stream runs the Muon step (kernels/device_muon.hpp);
+// the return stream copies updates into result slots. The control plane's credits say who may
+// use which slot; the events only order GPU work. The io thread's blocking copies (momentum,
+// update read-back, fills) run on a host stream that waits on nothing of a client's, except a
+// momentum load (it waits for that client's write of its slot); a result chunk that waited for
+// a credit is copied from host memory on a staging stream that waits only for the slot's
+// previous reader. The reduction order and grouping are the host's (daemon/step_reducer.hpp),
+// so the reduced gradient is bitwise the CPU server's; the Newton-Schulz is the CUDA backend's.
+//
+// The calls are defined by stage (device_plane.cpp lists the files). The header names no CUDA
+// type. In builds without CUDA every constructor throws BackendUnavailable
+// (daemon/device_plane_none.cpp).
 #pragma once
 
 #include <chrono>
@@ -62,7 +58,7 @@ class DeviceParamState;
 /// A session's exported rings (opaque; made by DevicePlane::make_session_rings).
 class DeviceSessionRings;
 
-/// Threads a DevicePlane starts and joins (opaque; device_plane.cpp).
+/// Threads a DevicePlane starts and joins (daemon/owned_threads.hpp).
 class OwnedThreads;
 
 /// Releases what DevicePlane made; usable as unique_ptr/shared_ptr deleters.
@@ -97,10 +93,13 @@ class DevicePlane {
   /// A parameter's ParamStorage on this plane (make_param's buffers behind the calls below);
   /// it must not outlive the plane. Throws DeviceError.
   std::unique_ptr<ParamStorage> make_storage(int64_t numel, bool momentum);
-  /// A contribution store on the receive stream (device buffers; host contributions are staged).
+  /// A contribution store in device memory: chunks added on the stream their Contribution names
+  /// (a session's receive stream; host chunks staged on the shm stream, each copy fenced:
+  /// host_copies_done), the reduction on the reduce stream.
   std::unique_ptr<ContributionStore> make_contribution_store();
   /// Enqueues the reduction of the complete `reducer` into the parameter's gradient on the
-  /// receive stream and records grad_ready. Throws as StepReducer::reduce, DeviceError.
+  /// reduce stream (after every rank's last chunk) and records grad_ready. Throws as
+  /// StepReducer::reduce, DeviceError.
   void reduce(StepReducer& reducer, DeviceParamState& param);
   /// Copies momentum[offset, offset + count) to/from host fp32 (blocking; io thread, only while
   /// the parameter is not computing). Throws DeviceError.
@@ -115,6 +114,17 @@ class DevicePlane {
   void read_grad(DeviceParamState& param, float* out);
   void write_update(DeviceParamState& param, const float* in);
 
+  // ---- sessions on the shm plane (io thread) -------------------------------------------------
+  /// The fence of the latest copy of a shared-memory chunk onto the device (a contribution
+  /// store's staging, on the shm stream); 0 before the first.
+  uint64_t host_copy_fence() const;
+  /// Whether every such copy up to `fence` is done on the GPU (cudaEventQuery; never waits):
+  /// the chunk's slot may then be acked (daemon/planes/shm_plane.hpp). Throws DeviceError.
+  bool host_copies_done(uint64_t fence);
+  /// Blocks until every such copy up to `fence` is done: a closing shm session's segment is
+  /// unmapped only then. Throws DeviceError.
+  void wait_host_copies(uint64_t fence);
+
   // ---- the worker thread ---------------------------------------------------------------------
   /// The Scheduler's runner for jobs on this plane (NsJob::device): the Muon step on the compute
   /// stream, same-shape batches in one call (daemon/step/step_runner.hpp). Use it on one thread
@@ -122,17 +132,20 @@ class DevicePlane {
   std::unique_ptr<StepRunner> step_runner();
 
   // ---- sessions on the cuda_ipc plane (io thread) --------------------------------------------
-  /// A receive ring (tx, client -> server) and a result ring (rx) of the given slots, exported.
+  /// A receive ring (tx, client -> server) and a result ring (rx) of the given slots, exported,
+  /// and the session's receive stream.
   DeviceRingsPtr make_session_rings(uint32_t tx_slots, uint32_t rx_slots, uint64_t slot_bytes);
   static const transport::DeviceRingDescriptor& tx_descriptor(const DeviceSessionRings& rings);
   static const transport::DeviceRingDescriptor& rx_descriptor(const DeviceSessionRings& rings);
-  /// Orders the receive stream after the client's write of tx slot `slot` (cuda_ipc: its ready
-  /// event; nccl: first posts the matching ncclRecv of `count` elements of `dtype` into the slot
-  /// on the session's stream); returns the slot's device address (a Contribution's data). Pair
-  /// with end_receive, also when the push fails.
-  const void* begin_receive(DeviceSessionRings& rings, uint32_t slot, int64_t count,
-                            transport::DType dtype);
-  /// Records the slot's free event after the work enqueued since begin_receive.
+  /// Orders the session's receive stream after the client's write of tx slot `slot` (cuda_ipc:
+  /// its ready event; nccl: first posts the matching ncclRecv of `count` elements of `dtype` into
+  /// the slot on the session's NCCL stream); returns the slot as a device Contribution on that
+  /// receive stream. Pair with end_receive, also when the push fails. Throws DeviceError,
+  /// InvalidArgument (nccl: before the join finished).
+  Contribution begin_receive(DeviceSessionRings& rings, uint32_t slot, int64_t count,
+                             transport::DType dtype);
+  /// Records the slot's free event on the session's receive stream, after the work enqueued
+  /// since begin_receive.
   void end_receive(DeviceSessionRings& rings, uint32_t slot);
   /// cuda_ipc: whether the client's copy into tx slot `slot` (its ready event), or out of rx
   /// slot `slot` (its free event), is done on the GPU (cudaEventQuery; never waits), for

@@ -58,6 +58,15 @@ void DevicePlane::read_grad(DeviceParamState&, float*) {
 void DevicePlane::write_update(DeviceParamState&, const float*) {
   unavailable();
 }
+uint64_t DevicePlane::host_copy_fence() const {
+  unavailable();
+}
+bool DevicePlane::host_copies_done(uint64_t) {
+  unavailable();
+}
+void DevicePlane::wait_host_copies(uint64_t) {
+  unavailable();
+}
 std::unique_ptr<StepRunner> DevicePlane::step_runner() {
   unavailable();
 }
@@ -70,7 +79,7 @@ const transport::DeviceRingDescriptor& DevicePlane::tx_descriptor(const DeviceSe
 const transport::DeviceRingDescriptor& DevicePlane::rx_descriptor(const DeviceSessionRings&) {
   unavailable();
 }
-const void* DevicePlane::begin_receive(DeviceSessionRings&, uint32_t, int64_t, transport::DType) {
+Contribution DevicePlane::begin_receive(DeviceSessionRings&, uint32_t, int64_t, transport::DType) {
   unavailable();
 }
 void DevicePlane::end_receive(DeviceSessionRings&, uint32_t) {

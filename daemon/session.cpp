@@ -102,15 +102,51 @@ void Session::protocol_failed(const transport::ProtocolError& e) {
 
 void Session::send(MessageType type, const std::string& payload, uint32_t request_id,
                    AfterFrame after) {
+  enqueue({transport::encode_frame(Frame{static_cast<uint16_t>(type), request_id, payload}),
+           std::move(after),
+           {}});
+}
+
+void Session::ack_push(uint32_t slot) {
+  std::function<bool()> released;
+  if (plane_) released = [this, slot] { return !plane_ || plane_->slot_released(slot); };
+  enqueue({transport::encode_frame(Frame{static_cast<uint16_t>(MessageType::push_ack), 0,
+                                         transport::encode(transport::SlotAck{slot})}),
+           {},
+           std::move(released)});
+}
+
+void Session::enqueue(Outgoing frame) {
   if (closed_) return;
-  write_queue_.push_back(
-      {transport::encode_frame(Frame{static_cast<uint16_t>(type), request_id, payload}),
-       std::move(after)});
+  write_queue_.push_back(std::move(frame));
   if (!writing_) write_next();
 }
 
 void Session::send_error(const transport::ErrorMsg& error, uint32_t request_id) {
   send(MessageType::error, transport::encode(error), request_id);
+}
+
+bool Session::first_frame_ready() {
+  auto& ready = write_queue_.front().ready;
+  if (!ready) return true;
+  try {
+    if (!ready()) {
+      if (!write_timer_) {
+        write_timer_ = std::make_unique<asio::steady_timer>(socket_.get_executor());
+      }
+      write_timer_->expires_after(kGatePoll);
+      write_timer_->async_wait([self = shared_from_this()](boost::system::error_code ec) {
+        if (!ec && !self->closed_) self->write_next();
+      });
+      return false;
+    }
+  } catch (const std::exception& e) {
+    ready = nullptr;  // written now; the session ends after it
+    data_plane_failed(e.what());
+    return true;
+  }
+  ready = nullptr;
+  return true;
 }
 
 void Session::write_next() {
@@ -120,6 +156,7 @@ void Session::write_next() {
     return;
   }
   writing_ = true;
+  if (!first_frame_ready()) return;  // written from the poll
   auto self = shared_from_this();
   asio::async_write(socket_, asio::buffer(write_queue_.front().bytes),
                     [self](boost::system::error_code ec, size_t) {
@@ -266,6 +303,7 @@ void Session::finish(const std::string& why) {
   held_frames_.clear();
   write_queue_.clear();
   if (gate_timer_) gate_timer_->cancel();
+  if (write_timer_) write_timer_->cancel();
   gate_ = nullptr;
   if (plane_) plane_->closing();
   on_close_(shared_from_this(), why);

@@ -47,6 +47,11 @@ class Session : public std::enable_shared_from_this<Session> {
             AfterFrame after = {});
   /// Sends an error message (io thread only).
   void send_error(const transport::ErrorMsg& error, uint32_t request_id = 0);
+  /// Returns tx slot `slot` to the client (push_ack) once the plane's reads of it are done
+  /// (ServerPlane::slot_released), asking again every kGatePoll; the frames queued after it
+  /// wait behind it, in order (io thread only). A plane that cannot tell (throws) ends the
+  /// session as a failed data plane, after the ack.
+  void ack_push(uint32_t slot);
   /// Queues an update chunk: written into a free rx slot through the data plane (write_host) and
   /// announced with an `update` frame as soon as a slot is free (credit-based flow control).
   /// `data` holds msg.count elements of `dtype`. Dropped when the session has no plane yet or is
@@ -144,7 +149,8 @@ class Session : public std::enable_shared_from_this<Session> {
   /// (sizes rx_credits_ on first use). The slot stays held until its update_ack.
   std::optional<uint32_t> take_rx_slot();
   /// Sends `msg` in `slot` (taken by take_rx_slot): `write()` fills it, then the update frame
-  /// goes out with what the write returned to follow it. False when the write threw (the session is failing).
+  /// goes out with what the write returned to follow it. False when the write threw (the
+  /// session is failing).
   bool announce(transport::Update& msg, uint32_t slot, const std::function<AfterFrame()>& write);
   void finish(const std::string& why);
 
@@ -157,7 +163,12 @@ class Session : public std::enable_shared_from_this<Session> {
   struct Outgoing {
     std::vector<std::byte> bytes;
     AfterFrame after;
+    std::function<bool()> ready;  // empty: now; else written once it says yes (ack_push)
   };
+  /// Queues `frame` and starts writing when idle.
+  void enqueue(Outgoing frame);
+  /// Whether the first queued frame may be written now (its `ready`); arms a poll otherwise.
+  bool first_frame_ready();
   std::deque<Outgoing> write_queue_;
   bool writing_ = false;
   bool closing_ = false;
@@ -176,6 +187,7 @@ class Session : public std::enable_shared_from_this<Session> {
   FrameGate gate_;
   std::unique_ptr<boost::asio::steady_timer> gate_timer_;
   bool gate_polling_ = false;
+  std::unique_ptr<boost::asio::steady_timer> write_timer_;  // first_frame_ready's poll
 };
 
 }  // namespace muon::daemon

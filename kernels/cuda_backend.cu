@@ -99,6 +99,10 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
+bool cuda_backend_built() {
+  return true;
+}
+
 std::unique_ptr<Backend> make_cuda_backend(const BackendConfig& config) {
   // Any failure up to a working cuBLAS handle means "no usable GPU here", not a crash: no driver,
   // "CUDA driver version is insufficient for CUDA runtime version", no device, a bad ordinal,

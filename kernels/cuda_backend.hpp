@@ -1,5 +1,6 @@
-// CUDA backend factory. Compiled only when CUDA is enabled (MUON_HAVE_CUDA); the header stays
-// free of CUDA types so that plain C++ translation units can include it.
+// CUDA backend factory: cuda_backend.cu where CUDA is enabled (MUON_HAVE_CUDA), else
+// cuda_backend_none.cpp, whose factory throws BackendUnavailable saying the build has none. The
+// header stays free of CUDA types so that plain C++ translation units can include it.
 #pragma once
 
 #include <memory>
@@ -14,7 +15,8 @@ namespace muon {
 /// handle are created once and reused. NsAlgorithm::syrk runs as plain GEMMs on the GPU (same
 /// polynomial); gram as the restarted Gram-space iteration. Throws BackendUnavailable when no usable GPU is present (no driver,
 /// "driver version is insufficient", no device, a device ordinal out of range, cublasCreate
-/// failing, ...), with the CUDA error text in the message; later calls throw DeviceError.
+/// failing, ...) or the build has no CUDA, with the reason in the message; later calls throw
+/// DeviceError.
 std::unique_ptr<Backend> make_cuda_backend(const BackendConfig& config);
 
 }  // namespace muon

@@ -1,6 +1,6 @@
 // The device memory a GPU server needs, modelled on what its GPU data plane allocates
-// (daemon/device_plane.cpp, daemon/contribution_store.hpp, kernels/device_muon.cu,
-// kernels/device_newton_schulz.cu), and what it may use of its GPU.
+// (daemon/step/device_param_storage.cpp, daemon/device_contribution_store.cpp,
+// kernels/device_muon.cu, kernels/device_newton_schulz.cu), and what it may use of its GPU.
 //
 // Per owned parameter of n elements (fp32 throughout):
 //   momentum 4n, its backup 4n (a refused step puts the momentum back), reduced gradient 4n,

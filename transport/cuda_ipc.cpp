@@ -31,19 +31,29 @@ Handle handle_of(const IpcHandleBytes& bytes) {
   return h;
 }
 
+// A driver entry point, as of the CUDA 12.0 ABI where the runtime can be asked for a version
+// (cudaGetDriverEntryPointByVersion, CUDA 12.5+), else as the runtime's own driver gives it.
+#if CUDART_VERSION >= 12050
+void* driver_entry_point(const char* name, cudaDriverEntryPointQueryResult& found) {
+  void* p = nullptr;
+  MUON_CUDA_CHECK(cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &found));
+  return p;
+}
+#else
+void* driver_entry_point(const char* name, cudaDriverEntryPointQueryResult& found) {
+  void* p = nullptr;
+  MUON_CUDA_CHECK(cudaGetDriverEntryPoint(name, &p, cudaEnableDefault, &found));
+  return p;
+}
+#endif
+
 // cuMemGetAddressRange (v2) from the driver the runtime already loaded.
 using GetAddressRange = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
 
 GetAddressRange get_address_range() {
   static const GetAddressRange fn = [] {
-    void* p = nullptr;
     cudaDriverEntryPointQueryResult found{};
-#if CUDART_VERSION >= 12050
-    MUON_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &p, 12000,
-                                                     cudaEnableDefault, &found));
-#else
-    MUON_CUDA_CHECK(cudaGetDriverEntryPoint("cuMemGetAddressRange", &p, cudaEnableDefault, &found));
-#endif
+    void* p = driver_entry_point("cuMemGetAddressRange", found);
     if (found != cudaDriverEntryPointSuccess || p == nullptr) {
       throw DeviceError("the CUDA driver has no cuMemGetAddressRange entry point");
     }

@@ -51,7 +51,7 @@ bool Engine::open_data_plane(const SessionPtr& s, const transport::Hello& m, tra
     }
     s->use_plane(std::move(plane));
   } else {
-    s->use_plane(make_shm_plane(config_.layout));
+    s->use_plane(make_shm_plane(config_.layout, device_.get()));
   }
   ServerPlane& plane = *s->plane();
   plane.describe(ok);

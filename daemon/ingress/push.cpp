@@ -74,7 +74,7 @@ void Engine::on_push(const SessionPtr& s, const Frame& f) {
       } catch (const std::exception& e) {
         log()->error("session {}: freeing receive slot {}: {}", s->id(), slot, e.what());
       }
-      s->send(MessageType::push_ack, transport::encode(transport::SlotAck{slot}));
+      s->ack_push(slot);  // once the plane's reads of the slot are done
     }
   } ack{s, plane, m.slot};
   try {

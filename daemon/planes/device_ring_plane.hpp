@@ -31,7 +31,7 @@ class DeviceRingPlane : public ServerPlane {
 
   uint32_t rx_slots() const override { return rx_slots_; }
   Contribution receive(uint32_t slot, int64_t count, transport::DType dtype) override {
-    return Contribution{plane_.begin_receive(*rings_, slot, count, dtype), dtype, true, count};
+    return plane_.begin_receive(*rings_, slot, count, dtype);
   }
   void read_received(uint32_t slot, void* out, size_t bytes) override {
     plane_.read_tx_slot(*rings_, slot, out, bytes);

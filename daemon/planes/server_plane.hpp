@@ -73,6 +73,13 @@ class ServerPlane {
   /// The client may rewrite tx slot `slot` once the work enqueued since receive() is done
   /// (device planes: the slot's free event is recorded). Throws DeviceError.
   virtual void end_receive(uint32_t slot) = 0;
+  /// Whether the reads of tx slot `slot` that end_receive() closed are done, so that its
+  /// push_ack may go (never waits; Session::ack_push polls it). True but for a shm session on a
+  /// GPU server while its chunk's copy onto the device runs. Throws DeviceError.
+  virtual bool slot_released(uint32_t slot) {
+    (void)slot;
+    return true;
+  }
   /// Whether the plane's transfers are matched in order with the client's (nccl): a push refused
   /// before its receive() was posted then leaves the client's transfer to match the next one,
   /// so the session must end.
@@ -92,7 +99,8 @@ class ServerPlane {
                                   int64_t count, transport::DType dtype);
 
   /// The session ends: the plane lets go of what a client that never attached would leave
-  /// behind (shm: the segment's name is unlinked). Never throws.
+  /// behind (shm: the segment's name is unlinked) and waits for its own reads still running
+  /// (shm on a GPU server: copies onto the device). Never throws.
   virtual void closing() noexcept {}
 };
 

@@ -5,7 +5,7 @@
 // its bytes went to. The plane here records what it is given (the device planes need a GPU);
 // the shared-memory plane itself is tested at the end, through a client's mapping.
 // While the data plane is held (an nccl join), the client's frames from its first push on wait
-// for it, in order.
+// for it, in order; a push_ack waits, in order, until the plane has read its slot.
 // A real Session on a real socket pair; the peer's side reads the frames.
 #include <gtest/gtest.h>
 
@@ -90,8 +90,12 @@ class RecordingPlane final : public ServerPlane {
   using Write = std::function<AfterFrame(uint32_t slot, const std::vector<std::byte>& data,
                                          transport::DType dtype)>;
   using Gate = std::function<bool(const transport::Frame&)>;
-  RecordingPlane(uint32_t rx_slots, Write write, Gate gate = {})
-      : rx_slots_(rx_slots), write_(std::move(write)), gate_(std::move(gate)) {}
+  using Released = std::function<bool(uint32_t slot)>;
+  RecordingPlane(uint32_t rx_slots, Write write, Gate gate = {}, Released released = {})
+      : rx_slots_(rx_slots),
+        write_(std::move(write)),
+        gate_(std::move(gate)),
+        released_(std::move(released)) {}
   transport::DataPlane kind() const override { return transport::DataPlane::cuda_ipc; }
   void describe(transport::HelloOk&) const override {}
   uint32_t rx_slots() const override { return rx_slots_; }
@@ -102,6 +106,7 @@ class RecordingPlane final : public ServerPlane {
   }
   void read_received(uint32_t, void*, size_t) override {}
   void end_receive(uint32_t) override {}
+  bool slot_released(uint32_t slot) override { return !released_ || released_(slot); }
   AfterFrame write_host(uint32_t slot, const std::byte* data, size_t bytes,
                         transport::DType dtype) override {
     return write_(slot, std::vector<std::byte>(data, data + bytes), dtype);
@@ -111,6 +116,7 @@ class RecordingPlane final : public ServerPlane {
   uint32_t rx_slots_;
   Write write_;
   Gate gate_;
+  Released released_;
 };
 
 // A recording plane whose writes do nothing else.
@@ -408,6 +414,52 @@ TEST(SessionRings, APlaneThatGatesFramesIsAskedBeforeEachOne) {
   open = true;
   io.run_for(std::chrono::milliseconds(100));
   EXPECT_EQ(handled, (std::vector{typed(MessageType::push, 1)}));
+  session->close("done");
+  io.run_for(std::chrono::milliseconds(50));
+}
+
+// A push_ack returns its slot only once the plane's reads of it are done (a shm chunk's copy
+// onto a GPU server's device, polled instead of waited for): it waits, and the frames queued
+// after it wait behind it, in order, until the plane says the slot is released.
+TEST(SessionRings, PushAcksWaitInOrderUntilThePlaneReleasedTheirSlots) {
+  using transport::MessageType;
+  SessionOnPair pair([](const auto&, transport::Frame) {}, [](const auto&, const std::string&) {});
+  auto& [io, client_side, session] = pair;
+  bool copied = false;
+  int asked = 0;
+  session->use_plane(std::make_unique<RecordingPlane>(
+      1, [](uint32_t, const std::vector<std::byte>&, transport::DType) { return AfterFrame{}; },
+      RecordingPlane::Gate{}, [&](uint32_t slot) {
+        ++asked;
+        return slot != 1 || copied;
+      }));
+  session->ack_push(0);  // released at once
+  session->ack_push(1);  // its copy still runs
+  session->send(MessageType::health_ok, "{}", 7);
+  io.run_for(std::chrono::milliseconds(100));
+  EXPECT_GT(asked, 3) << "the plane is asked again while it says no";
+  transport::FrameDecoder decoder;
+  std::array<std::byte, 4096> buf;
+  auto read_frames = [&](size_t n) {
+    std::vector<transport::Frame> out;
+    while (out.size() < n) {
+      while (auto f = decoder.next()) out.push_back(std::move(*f));
+      if (out.size() >= n) break;
+      decoder.feed(buf.data(), client_side.read_some(asio::buffer(buf)));
+    }
+    return out;
+  };
+  auto first = read_frames(1);
+  ASSERT_EQ(first[0].type, static_cast<uint16_t>(MessageType::push_ack));
+  EXPECT_EQ(transport::decode<transport::SlotAck>(first[0].payload).slot, 0u);
+  EXPECT_EQ(client_side.available(), 0u) << "slot 1's ack, and what follows it, wait";
+  copied = true;
+  io.run_for(std::chrono::milliseconds(100));
+  auto rest = read_frames(2);
+  ASSERT_EQ(rest[0].type, static_cast<uint16_t>(MessageType::push_ack));
+  EXPECT_EQ(transport::decode<transport::SlotAck>(rest[0].payload).slot, 1u);
+  EXPECT_EQ(rest[1].type, static_cast<uint16_t>(MessageType::health_ok));
+  EXPECT_EQ(rest[1].request_id, 7u);
   session->close("done");
   io.run_for(std::chrono::milliseconds(50));
 }
