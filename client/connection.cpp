@@ -257,18 +257,10 @@ std::string Connection::registration_progress(const std::string& name) {
 
 void Connection::expect_updates(const std::string& name, std::vector<transport::Range> want,
                                 size_t elem_bytes, bool packed) {
-  std::sort(want.begin(), want.end(),
-            [](const auto& a, const auto& b) { return a.begin < b.begin; });
   std::lock_guard lk(mu_);
   auto& p = params_[name];
-  p.want = std::move(want);
+  p.want = RangeSet::union_of(std::move(want));
   p.packed = packed;
-  p.want_prefix.clear();
-  p.want_elems = 0;
-  for (const auto& r : p.want) {
-    p.want_prefix.push_back(p.want_elems);
-    p.want_elems += r.size();
-  }
   p.elem_bytes = elem_bytes;
   p.receiving_step = -1;
   p.complete.clear();
@@ -633,34 +625,20 @@ void Connection::handle_update(transport::Update u) {
             p.receiving = std::move(p.spare.back());
             p.spare.pop_back();
           } else {
-            p.receiving = plane_->make_hold(static_cast<size_t>(p.want_elems) * p.elem_bytes);
+            p.receiving = plane_->make_hold(static_cast<size_t>(p.want.elements()) * p.elem_bytes);
           }
         }
         // A recycled hold may still be read by a consumer's stream.
         p.receiving->begin_fill(plane_->reader_stream());
       }
-      // Find the want range holding the chunk; its packed position follows.
-      bool in_want = false;
-      int64_t pos = 0;
-      if (p.packed) {  // a packed position: the chunk may span several want ranges
-        in_want = u.offset >= 0 && u.count >= 0 && u.offset <= p.want_elems - u.count;
-        pos = u.offset;
-      } else {
-        auto it =
-            std::upper_bound(p.want.begin(), p.want.end(), u.offset,
-                             [](int64_t off, const transport::Range& r) { return off < r.begin; });
-        if (it != p.want.begin()) {
-          const size_t w = static_cast<size_t>(it - p.want.begin() - 1);
-          if (u.offset + u.count <= p.want[w].end) {
-            in_want = true;
-            pos = p.want_prefix[w] + (u.offset - p.want[w].begin);
-          }
-        }
-      }
+      // Where the chunk lands among the want elements (a packed position may span ranges).
+      const auto at = p.want.chunk_position(u.offset, u.count, p.packed);
+      const bool in_want = at.has_value();
+      const int64_t pos = at.value_or(0);
       receive_chunk(p, u, in_want, pos);
       if (in_want) p.received += u.count;
       p.receiving_applied = p.receiving_applied && u.applied;
-      if (u.last && p.received == p.want_elems) {
+      if (u.last && p.received == p.want.elements()) {
         // Hand the step over and start the next one in a recycled (warm) buffer.
         auto& done = p.complete[u.step];
         done.applied = p.receiving_applied;

@@ -155,9 +155,7 @@ class Connection {
     std::optional<transport::ErrorMsg> error;
   };
   struct ParamRx {
-    std::vector<transport::Range> want;
-    std::vector<int64_t> want_prefix;  // packed position of each want range
-    int64_t want_elems = 0;
+    RangeSet want;  // the update's elements this client receives, laid end to end
     bool packed = false;  // update offsets are packed positions (expect_updates)
     size_t elem_bytes = 4;
     // The step being received: chunks land in `receiving` (a hold of the plane, made by the

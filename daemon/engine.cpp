@@ -133,20 +133,26 @@ transport::DataPlane Engine::peer_plane() const {
   return device_ ? transport::DataPlane::nccl : transport::DataPlane::shm;
 }
 
+PoolPeers Engine::pool_peers() const {
+  PoolPeers peers;
+  peers.endpoints = config_.pool_servers;
+  peers.server_id = config_.server_id;
+  peers.world_size = routes_->world_size();
+  peers.remote_plane = peer_plane();
+  peers.auth_token = config_.auth_token;
+  peers.device = config_.cuda_device;
+  return peers;
+}
+
 Relay& Engine::relay() {
   if (!relay_) {
     RelayConfig rc;
-    rc.pool = config_.pool_servers;
-    rc.server_id = config_.server_id;
-    rc.world_size = routes_->world_size();
-    rc.remote_plane = peer_plane();
-    rc.auth_token = config_.auth_token;
+    rc.peers = pool_peers();
     rc.op_timeout = std::max(config_.step_timeout * 4, std::chrono::milliseconds(120000));
     // Owners with a buddy fail over to it (replication on: the buddy holds their state).
     if (config_.replicate) {
       for (int i = 0; i < routes_->servers(); ++i) rc.buddies.push_back(routes_->buddy_of(i));
     }
-    rc.device = config_.cuda_device;
     relay_ = std::make_unique<Relay>(std::move(rc), io_);
   }
   return *relay_;
@@ -155,13 +161,8 @@ Relay& Engine::relay() {
 Replicator& Engine::replicator() {
   if (!replicator_) {
     ReplicatorConfig rc;
-    rc.pool = config_.pool_servers;
-    rc.server_id = config_.server_id;
-    rc.world_size = routes_->world_size();
-    rc.remote_plane = peer_plane();
-    rc.auth_token = config_.auth_token;
+    rc.peers = pool_peers();
     rc.op_timeout = std::max(config_.step_timeout, std::chrono::milliseconds(10000));
-    rc.device = config_.cuda_device;
     replicator_ = std::make_unique<Replicator>(std::move(rc), io_);
   }
   return *replicator_;

@@ -192,6 +192,8 @@ class Engine {
   /// buddies): over NCCL from a GPU server, else over shared memory (the same host; a CPU pool
   /// across hosts has no data plane between them).
   transport::DataPlane peer_plane() const;
+  /// This server's place in the pool, as the relay and the replicator reach it.
+  PoolPeers pool_peers() const;
   /// Sends `n` fp32 momentum values (last applied step `last_step`) to `s` as state_fetch data.
   void send_momentum(const SessionPtr& s, const std::string& name, int64_t last_step,
                      const float* values, int64_t n);

@@ -157,26 +157,36 @@ void Session::write_next() {
   }
   writing_ = true;
   if (!first_frame_ready()) return;  // written from the poll
+  // The frames queued behind the first go out in the same write (one syscall, and one wake-up of
+  // the client's reader for a run of acks), up to one that must wait for its slot (`ready`) or
+  // that starts a transfer once written (`after`: it ends the run).
+  size_t n = 1;
+  while (!write_queue_[n - 1].after && n < write_queue_.size() && n < kMaxFramesPerWrite &&
+         !write_queue_[n].ready) {
+    ++n;
+  }
+  write_buffers_.clear();
+  for (size_t i = 0; i < n; ++i) write_buffers_.push_back(asio::buffer(write_queue_[i].bytes));
   auto self = shared_from_this();
-  asio::async_write(socket_, asio::buffer(write_queue_.front().bytes),
-                    [self](boost::system::error_code ec, size_t) {
-                      if (self->closed_) return;
-                      AfterFrame after = std::move(self->write_queue_.front().after);
-                      self->write_queue_.pop_front();
-                      if (ec) {
-                        self->finish("write failed: " + ec.message());
-                        return;
-                      }
-                      // The frame is in the socket: the transfer it announces may start.
-                      if (after && !self->closing_) {
-                        try {
-                          after();
-                        } catch (const std::exception& e) {
-                          self->data_plane_failed(e.what());
-                        }
-                      }
-                      self->write_next();
-                    });
+  asio::async_write(socket_, write_buffers_, [self, n](boost::system::error_code ec, size_t) {
+    if (self->closed_) return;
+    AfterFrame after = std::move(self->write_queue_[n - 1].after);
+    self->write_queue_.erase(self->write_queue_.begin(),
+                             self->write_queue_.begin() + static_cast<std::ptrdiff_t>(n));
+    if (ec) {
+      self->finish("write failed: " + ec.message());
+      return;
+    }
+    // The frame is in the socket: the transfer it announces may start.
+    if (after && !self->closing_) {
+      try {
+        after();
+      } catch (const std::exception& e) {
+        self->data_plane_failed(e.what());
+      }
+    }
+    self->write_next();
+  });
 }
 
 void Session::send_chunk(transport::Update msg, transport::DType dtype,

@@ -170,6 +170,9 @@ class Session : public std::enable_shared_from_this<Session> {
   /// Whether the first queued frame may be written now (its `ready`); arms a poll otherwise.
   bool first_frame_ready();
   std::deque<Outgoing> write_queue_;
+  /// The frames of the write in flight (the first ones of write_queue_, which keeps their bytes).
+  std::vector<boost::asio::const_buffer> write_buffers_;
+  static constexpr size_t kMaxFramesPerWrite = 64;
   bool writing_ = false;
   bool closing_ = false;
   bool closed_ = false;

@@ -152,6 +152,13 @@ std::optional<int64_t> RangeSet::packed_offset(int64_t offset, int64_t count) co
   return prefix_[static_cast<size_t>(it - ranges_.begin())] + (offset - it->begin);
 }
 
+std::optional<int64_t> RangeSet::chunk_position(int64_t offset, int64_t count,
+                                                bool packed) const {
+  if (!packed) return packed_offset(offset, count);
+  if (offset < 0 || count < 0 || offset > elements() - count) return std::nullopt;
+  return offset;
+}
+
 void RangeSet::scatter(const void* packed, void* full, size_t elem_bytes) const {
   const auto* src = static_cast<const std::byte*>(packed);
   auto* dst = static_cast<std::byte*>(full);

@@ -102,6 +102,10 @@ class RangeSet {
   /// The packed position of element `offset` when [offset, offset + count) lies inside one range
   /// of the set; nullopt otherwise (count >= 0).
   std::optional<int64_t> packed_offset(int64_t offset, int64_t count) const;
+  /// Where a received chunk of `count` elements lands in the set's packed layout: its `offset`
+  /// is an element (packed_offset), or with `packed` already a packed position, which must lie in
+  /// [0, elements() - count]. nullopt when it does not land inside (the chunk is not kept).
+  std::optional<int64_t> chunk_position(int64_t offset, int64_t count, bool packed) const;
 
   /// dst[r.begin .. r.end) = packed[pos .. pos + r.size()) for each range (elements of
   /// `elem_bytes` bytes; `packed` holds elements() of them, `full` the whole parameter).

@@ -170,14 +170,8 @@ void PeerLink::register_param(const transport::RegisterParam& reg, RegisterDone 
 
 void PeerLink::expect_updates(const std::string& name, std::vector<transport::Range> want,
                               transport::DType update_dtype, bool packed) {
-  std::sort(want.begin(), want.end(),
-            [](const auto& a, const auto& b) { return a.begin < b.begin; });
   Receiving r;
-  r.want = std::move(want);
-  for (const auto& w : r.want) {
-    r.want_prefix.push_back(r.want_elems);
-    r.want_elems += w.size();
-  }
+  r.want = RangeSet::union_of(std::move(want));
   r.dtype = update_dtype;
   r.packed = packed;
   receiving_[name] = std::move(r);
@@ -596,28 +590,16 @@ void PeerLink::on_update(transport::Update u) {
     r.step = u.step;
     r.received = 0;
     r.applied = true;
-    r.values = std::make_shared<std::vector<std::byte>>(static_cast<size_t>(r.want_elems) * esize);
+    r.values = std::make_shared<std::vector<std::byte>>(static_cast<size_t>(r.want.elements()) * esize);
   }
-  bool in_want = false;
-  int64_t pos = 0;
-  if (r.packed) {  // a packed position: the chunk may span several want ranges
-    in_want = u.offset >= 0 && u.count >= 0 && u.offset <= r.want_elems - u.count;
-    pos = u.offset;
-  } else {
-    auto w = std::upper_bound(r.want.begin(), r.want.end(), u.offset,
-                              [](int64_t off, const transport::Range& g) { return off < g.begin; });
-    if (w != r.want.begin()) {
-      const size_t i = static_cast<size_t>(w - r.want.begin() - 1);
-      if (u.offset + u.count <= r.want[i].end) {
-        in_want = true;
-        pos = r.want_prefix[i] + (u.offset - r.want[i].begin);
-      }
-    }
-  }
+  // Where the chunk lands among the want elements (a packed position may span ranges).
+  const auto at = r.want.chunk_position(u.offset, u.count, r.packed);
+  const bool in_want = at.has_value();
+  const int64_t pos = at.value_or(0);
   std::byte* dst = in_want ? r.values->data() + static_cast<size_t>(pos) * esize : nullptr;
   if (in_want) r.received += u.count;
   r.applied = r.applied && u.applied;
-  const bool complete = u.last && r.received == r.want_elems;
+  const bool complete = u.last && r.received == r.want.elements();
   std::function<void(std::string)> done = ack;
   if (complete) {
     // Handed over once its last bytes are in (a plane's receives complete in call order).

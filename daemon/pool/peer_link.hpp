@@ -175,9 +175,7 @@ class PeerLink : public std::enable_shared_from_this<PeerLink> {
   };
   /// The update of one parameter being received.
   struct Receiving {
-    std::vector<transport::Range> want;
-    std::vector<int64_t> want_prefix;  ///< packed position of each want range
-    int64_t want_elems = 0;
+    RangeSet want;  ///< the update's elements this link receives, laid end to end
     transport::DType dtype = transport::DType::f32;
     bool packed = false;
     int64_t step = -1;  ///< -1: none being received

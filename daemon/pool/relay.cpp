@@ -1,6 +1,5 @@
 #include "daemon/pool/relay.hpp"
 
-#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <utility>
 
@@ -18,30 +17,30 @@ using transport::ErrorMsg;
 namespace {
 
 // The owner's update as it came (the want elements packed in ascending order, update dtype),
-// widened into step.update: numel fp32, zeros outside the want elements.
-void scatter_update(RelayStep& step, const std::vector<std::byte>& values) {
-  auto want = step.want;
-  std::sort(want.begin(), want.end(), [](const auto& a, const auto& b) { return a.begin < b.begin; });
-  const size_t esize = transport::dtype_bytes(step.update_dtype);
+// widened into step.update: numel fp32, zeros outside the want elements. False, changing
+// nothing, when `values` are not exactly the want elements (the link assembles exactly those).
+bool scatter_update(RelayStep& step, const std::vector<std::byte>& values) {
+  const RangeSet want = RangeSet::union_of(step.want);
+  std::vector<float> packed(static_cast<size_t>(want.elements()));
+  if (values.size() != packed.size() * transport::dtype_bytes(step.update_dtype)) return false;
+  widen_to_f32(step.update_dtype, values.data(), std::span(packed));
   step.update.assign(static_cast<size_t>(step.numel), 0.0f);
-  size_t pos = 0;
-  for (const auto& r : want) {
-    const size_t n = static_cast<size_t>(r.size());
-    if ((pos + n) * esize > values.size()) break;  // the link delivers exactly the want elements
-    widen_to_f32(step.update_dtype, values.data() + pos * esize,
-                 std::span(step.update).subspan(static_cast<size_t>(r.begin), n));
-    pos += n;
-  }
+  want.scatter(packed.data(), step.update.data(), sizeof(float));
+  return true;
+}
+
+// The error of an update that scatter_update refused.
+ErrorMsg malformed_update(const RelayStep& step, size_t bytes) {
+  return {ErrorCode::internal,
+          "the owner's update of '" + step.name + "' step " + std::to_string(step.step) + " has " +
+              std::to_string(bytes) + " bytes, not those of the elements this relay wants",
+          step.name, step.step, -1};
 }
 
 }  // namespace
 
 Relay::Relay(RelayConfig config, asio::io_context& io) : config_(std::move(config)), io_(io) {
-  if (config_.server_id < 0 || config_.server_id >= static_cast<int>(config_.pool.size())) {
-    throw InvalidArgument("relay: server id " + std::to_string(config_.server_id) +
-                          " is not in the pool of " + std::to_string(config_.pool.size()) +
-                          " servers");
-  }
+  config_.peers.check("relay");
 }
 
 Relay::~Relay() {
@@ -58,9 +57,7 @@ void Relay::later(std::function<void()> fn) {
 }
 
 std::string Relay::describe(int id) const {
-  const bool known = id >= 0 && id < static_cast<int>(config_.pool.size());
-  return "server " + std::to_string(id) +
-         (known ? " (" + config_.pool[static_cast<size_t>(id)] + ")" : std::string());
+  return config_.peers.describe(id);
 }
 
 int Relay::buddy_of(int owner) const {
@@ -75,7 +72,7 @@ ErrorMsg Relay::error_of(const LinkError& e, int owner, const std::string& name,
     return {e.code, "owner " + describe(owner) + ": " + e.message, name, step, -1};
   }
   return {e.kind == LinkError::Kind::timeout ? ErrorCode::timeout : ErrorCode::peer_lost,
-          "relay " + describe(config_.server_id) + " cannot reach owner " + describe(owner) +
+          "relay " + describe(config_.peers.server_id) + " cannot reach owner " + describe(owner) +
               " of '" + name + "': " + e.message,
           name, step, -1};
 }
@@ -88,7 +85,7 @@ ErrorMsg Relay::forward_error(const LinkError& e, int server, const RelayStep& s
   if (step.failovers > 0 && buddy >= 0) lost.push_back(buddy);
   auto servers = nlohmann::json::array();
   for (int id : lost) {
-    const std::string& endpoint = config_.pool[static_cast<size_t>(id)];
+    const std::string& endpoint = config_.peers.endpoints[static_cast<size_t>(id)];
     const auto it = snapshots_.find(id);
     if (it == snapshots_.end()) servers.push_back({endpoint});  // never said (no hello)
     else servers.push_back({endpoint, it->second.first, it->second.second});
@@ -115,7 +112,7 @@ bool Relay::fail_over(int owner, int from, const std::string& why) {
   moved_[next].insert(owner);
   log()->warn("relay {}: {} was lost ({}); the parameters of owner {} go to {} from now on, "
               "which holds their replica; steps in flight are pushed there again",
-              describe(config_.server_id), describe(from), why, describe(owner), describe(next));
+              describe(config_.peers.server_id), describe(from), why, describe(owner), describe(next));
   // The lost link goes now: when the parameters come back to `from` (restarted), a new session
   // is made. Every step still waiting on it goes again (settle fails it over).
   if (auto it = links_.find(from); it != links_.end()) {
@@ -158,7 +155,7 @@ void Relay::register_all(int server, PeerLink& link, const std::vector<int>& own
                                                                  transport::RegisterOk ok) {
         if (result) {  // its forwards go by name, and the server's refusal fails them
           log()->warn("relay {}: registering '{}' again with {} failed: {}",
-                      describe(config_.server_id), name, describe(server), result->message);
+                      describe(config_.peers.server_id), name, describe(server), result->message);
           return;
         }
         const auto it = subscriptions_.find(name);
@@ -174,11 +171,11 @@ void Relay::register_all(int server, PeerLink& link, const std::vector<int>& own
 }
 
 std::shared_ptr<PeerLink> Relay::link_to(int server, std::chrono::milliseconds connect_timeout) {
-  if (server < 0 || server >= static_cast<int>(config_.pool.size()) ||
-      server == config_.server_id) {
+  if (!config_.peers.is_peer(server)) {
     throw InvalidArgument("relay: no owner " + std::to_string(server) + " in a pool of " +
-                          std::to_string(config_.pool.size()) + " servers (this one is " +
-                          std::to_string(config_.server_id) + ")");
+                          std::to_string(config_.peers.endpoints.size()) +
+                          " servers (this one is " + std::to_string(config_.peers.server_id) +
+                          ")");
   }
   auto& link = links_[server];
   if (link && link->alive()) {
@@ -195,19 +192,11 @@ std::shared_ptr<PeerLink> Relay::link_to(int server, std::chrono::milliseconds c
     if (target_of(o) == server) owners.push_back(o);
   }
   moved_.erase(server);
-  const std::string& endpoint = config_.pool[static_cast<size_t>(server)];
-  PeerLinkConfig c;
-  c.endpoint = endpoint;
-  c.rank = transport::relay_rank(config_.world_size, config_.server_id);
-  c.world_size = config_.world_size;
-  c.client_name = "muon-offloadd at " + config_.pool[static_cast<size_t>(config_.server_id)];
-  c.data_plane =
-      transport::parse_endpoint(endpoint).is_tcp() ? config_.remote_plane : config_.local_plane;
-  c.auth_token = config_.auth_token;
-  c.relay_server = config_.server_id;
-  c.device = config_.device;
-  c.connect_timeout = connect_timeout;
-  c.op_timeout = config_.op_timeout;
+  const auto& peers = config_.peers;
+  PeerLinkConfig c = peers.link_config(
+      server, transport::relay_rank(peers.world_size, peers.server_id), /*relay=*/true,
+      "muon-offloadd at " + peers.endpoints[static_cast<size_t>(peers.server_id)],
+      connect_timeout, config_.op_timeout);
   const uint64_t gen = ++next_gen_;
   link_gen_[server] = gen;
   PeerLinkEvents events;
@@ -244,7 +233,7 @@ void Relay::on_update(uint64_t gen, const std::string& name, int64_t step, bool 
   st.step = step;
   st.unasked = true;
   st.applied = applied;
-  scatter_update(st, values);
+  if (!scatter_update(st, values)) st.error = malformed_update(st, values.size());
   it->second.deliver(std::move(st));
 }
 
@@ -287,7 +276,7 @@ void Relay::on_lost(int server, uint64_t gen, const LinkError& error) {
     st.step = -1;
     st.unasked = true;
     st.error = ErrorMsg{ErrorCode::peer_lost,
-                        "relay " + describe(config_.server_id) + " lost owner " +
+                        "relay " + describe(config_.peers.server_id) + " lost owner " +
                             describe(server) + " of '" + name + "': " + error.message,
                         name, -1, -1};
     tell.push_back([deliver = sub.deliver, st = std::move(st)]() mutable {
@@ -423,7 +412,8 @@ void Relay::forward(RelayStep step, std::function<void(RelayStep)> done) {
     f.timer->async_wait([this, alive = std::weak_ptr<bool>(alive_), key, id,
                          what = "the update of '" + step.name + "' step " +
                                 std::to_string(step.step) + " did not arrive from '" +
-                                config_.pool[static_cast<size_t>(server)] + "' within " +
+                                config_.peers.endpoints[static_cast<size_t>(server)] +
+                                "' within " +
                                 std::to_string(config_.op_timeout.count()) + " ms"](
                             const boost::system::error_code& ec) {
       if (ec || !alive.lock()) return;
@@ -460,7 +450,7 @@ void Relay::settle(const Key& key, uint64_t id, std::optional<LinkError> error, 
     step.error = forward_error(*error, f.server, step);
   } else if (values != nullptr) {
     step.applied = applied;
-    scatter_update(step, *values);
+    if (!scatter_update(step, *values)) step.error = malformed_update(step, values->size());
   }
   later([done = std::move(f.done), step = std::move(step)]() mutable { done(std::move(step)); });
 }

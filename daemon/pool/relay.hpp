@@ -33,20 +33,14 @@
 #include <vector>
 
 #include "daemon/pool/peer_link.hpp"
+#include "daemon/pool/pool_peers.hpp"
 #include "transport/messages.hpp"
 
 namespace muon::daemon {
 
-/// How this server reaches the pool (muon-offloadd --pool-servers, --server-id).
+/// How this server relays to the pool's owners.
 struct RelayConfig {
-  /// Every server of the plan in id order: Unix socket paths or "tcp://HOST:PORT".
-  std::vector<std::string> pool;
-  int server_id = 0;   ///< this server's plan id
-  int world_size = 1;  ///< compute ranks of the job
-  /// Data plane toward an owner on a Unix socket (same host) and over TCP (another host).
-  transport::DataPlane local_plane = transport::DataPlane::shm;
-  transport::DataPlane remote_plane = transport::DataPlane::shm;
-  std::string auth_token;  ///< the pool's token (tcp endpoints)
+  PoolPeers peers;
   std::chrono::milliseconds connect_timeout{10000};
   /// Connecting to the other of the pair (owner, buddy) when a step fails over: a running
   /// server already (it holds the replicas, or took them back), so a refused connect means it
@@ -56,8 +50,6 @@ struct RelayConfig {
   /// By server id: its buddy (plan servers[].buddy, -1 none): where its parameters go when it
   /// is lost. Empty: no failover (a lost owner is connected to again at the next step).
   std::vector<int> buddies;
-  /// The CUDA device of this server (a GPU server reaches peers on other hosts over nccl).
-  int device = 0;
 };
 
 /// One relayed step of one parameter, in and out.
@@ -90,7 +82,7 @@ class Relay {
  public:
   /// Connects to owners only when first needed, on `io` (the server's io_context, run by its one
   /// io thread, the only thread that may call the relay). Throws InvalidArgument when
-  /// config.server_id is not in config.pool.
+  /// config.peers.server_id is not in the pool.
   Relay(RelayConfig config, boost::asio::io_context& io);
   /// Closes every owner link; nothing owed is called any more.
   ~Relay();

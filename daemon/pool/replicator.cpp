@@ -4,7 +4,6 @@
 
 #include "core/error.hpp"
 #include "daemon/log.hpp"
-#include "transport/endpoint.hpp"
 
 namespace muon::daemon {
 
@@ -12,11 +11,7 @@ namespace asio = boost::asio;
 
 Replicator::Replicator(ReplicatorConfig config, asio::io_context& io)
     : config_(std::move(config)), io_(io) {
-  if (config_.server_id < 0 || config_.server_id >= static_cast<int>(config_.pool.size())) {
-    throw InvalidArgument("replicator: server id " + std::to_string(config_.server_id) +
-                          " is not in the pool of " + std::to_string(config_.pool.size()) +
-                          " servers");
-  }
+  config_.peers.check("replicator");
 }
 
 Replicator::~Replicator() {
@@ -34,28 +29,17 @@ void Replicator::mark_down(int target) {
 }
 
 std::string Replicator::describe(int id) const {
-  const bool known = id >= 0 && id < static_cast<int>(config_.pool.size());
-  return "server " + std::to_string(id) +
-         (known ? " (" + config_.pool[static_cast<size_t>(id)] + ")" : std::string());
+  return config_.peers.describe(id);
 }
 
 std::shared_ptr<PeerLink> Replicator::link_to(int target) {
   auto& link = links_[target];
   if (link && link->alive()) return link;
-  const std::string& endpoint = config_.pool[static_cast<size_t>(target)];
-  PeerLinkConfig c;
-  c.endpoint = endpoint;
-  c.rank = transport::replica_rank(config_.world_size, config_.server_id);
-  c.world_size = config_.world_size;
-  c.client_name =
-      "muon-offloadd replicating from " + config_.pool[static_cast<size_t>(config_.server_id)];
-  c.data_plane =
-      transport::parse_endpoint(endpoint).is_tcp() ? config_.remote_plane : config_.local_plane;
-  c.auth_token = config_.auth_token;
-  c.replica_server = config_.server_id;
-  c.device = config_.device;
-  c.connect_timeout = config_.connect_timeout;
-  c.op_timeout = config_.op_timeout;
+  const auto& peers = config_.peers;
+  PeerLinkConfig c = peers.link_config(
+      target, transport::replica_rank(peers.world_size, peers.server_id), /*relay=*/false,
+      "muon-offloadd replicating from " + peers.endpoints[static_cast<size_t>(peers.server_id)],
+      config_.connect_timeout, config_.op_timeout);
   PeerLinkEvents events;
   events.error = [this, target](const transport::ErrorMsg& e) {
     log()->warn("buddy {} says about the replica of '{}': {}", describe(target), e.param,
@@ -68,10 +52,11 @@ std::shared_ptr<PeerLink> Replicator::link_to(int target) {
 void Replicator::replicate(ReplicaJob job, Done done) {
   const int target = job.target;
   const auto& name = job.seal.name;
-  if (target < 0 || target >= static_cast<int>(config_.pool.size()) ||
-      target == config_.server_id) {
+  if (!config_.peers.is_peer(target)) {
     later([done, why = "no buddy " + std::to_string(target) + " in a pool of " +
-                       std::to_string(config_.pool.size()) + " servers"] { done(why); });
+                       std::to_string(config_.peers.endpoints.size()) + " servers"] {
+      done(why);
+    });
     return;
   }
   if (auto it = down_until_.find(target);

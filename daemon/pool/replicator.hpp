@@ -27,23 +27,18 @@
 #include <vector>
 
 #include "daemon/pool/peer_link.hpp"
+#include "daemon/pool/pool_peers.hpp"
 #include "transport/messages.hpp"
 
 namespace muon::daemon {
 
-/// How this server reaches its buddies (muon-offloadd --pool-servers, --server-id).
+/// How this server replicates to its buddies.
 struct ReplicatorConfig {
-  std::vector<std::string> pool;  ///< every server of the plan in id order
-  int server_id = 0;
-  int world_size = 1;
-  transport::DataPlane local_plane = transport::DataPlane::shm;
-  transport::DataPlane remote_plane = transport::DataPlane::shm;
-  std::string auth_token;
+  PoolPeers peers;
   std::chrono::milliseconds connect_timeout{500};
   std::chrono::milliseconds op_timeout{30000};
   /// After a failure toward a buddy, its jobs fail at once for this long.
   std::chrono::milliseconds retry_after{2000};
-  int device = 0;  ///< the CUDA device of this server (nccl toward a buddy on another host)
 };
 
 /// One replicated step of one parameter.
@@ -63,7 +58,7 @@ class Replicator {
 
   /// Connects to a buddy when its first job comes, on `io` (the server's io_context, run by its
   /// one io thread, the only thread that may call the replicator). Throws InvalidArgument when
-  /// config.server_id is not in config.pool.
+  /// config.peers.server_id is not in the pool.
   Replicator(ReplicatorConfig config, boost::asio::io_context& io);
   /// Closes every link; nothing owed is called any more.
   ~Replicator();

@@ -222,6 +222,20 @@ TEST(RangeSet, PackedOffsetsFollowTheRangesLaidEndToEnd) {
   EXPECT_EQ(s.elements(), 15);
 }
 
+// A received chunk: an element offset lands by packed_offset; a packed position (a packed
+// registration's chunk, which may span ranges) lands where it says, inside the packed elements.
+TEST(RangeSet, ChunkPositionsOfElementOffsetsAndOfPackedPositions) {
+  const auto s = RangeSet::disjoint({{10, 20}, {0, 4}, {30, 31}}, 40, "want");
+  EXPECT_EQ(s.chunk_position(15, 3, /*packed=*/false), 9);
+  EXPECT_FALSE(s.chunk_position(3, 2, false));  // crosses out of [0, 4)
+  EXPECT_EQ(s.chunk_position(3, 2, /*packed=*/true), 3);  // packed: spans [0, 4) and [10, 20)
+  EXPECT_EQ(s.chunk_position(0, 15, true), 0);
+  EXPECT_EQ(s.chunk_position(15, 0, true), 15);  // empty, at the end
+  EXPECT_FALSE(s.chunk_position(1, 15, true));   // one past the packed elements
+  EXPECT_FALSE(s.chunk_position(-1, 1, true));
+  EXPECT_FALSE(s.chunk_position(0, -1, true));
+}
+
 TEST(RangeSet, BlocksDescribeAColumnShardInOneEntryAndExpandBack) {
   // Rows [2, 7) x columns [3, 5) of a 7 x 10 matrix: five ranges, one block.
   std::vector<Range> col;
