@@ -196,7 +196,7 @@ void CpuBackend::one_matrix(Workspace& w, float* xi, int64_t rows, int64_t cols,
   if (denom == 0.0) return;  // exact zeros in, exact zeros out (never 0/0)
   const NsAlgorithm algo = options.algorithm;
   const size_t writes =
-      algo == NsAlgorithm::gram ? gram_runs(coefficients.size(), options.gram_restart)
+      algo == NsAlgorithm::gram ? gram_run_lengths(coefficients.size(), options.gram_restart).size()
                                 : coefficients.size();
   float* start = writes % 2 == 1 ? w.x2.data() : xi;
   // In double, rounded once: bitwise the float division for a float divisor, and no overflow
@@ -279,10 +279,6 @@ void CpuBackend::syrk(Workspace& w, float* in, float* x, int64_t m, int64_t n,
   if (cur != x) std::memcpy(x, cur, sizeof(float) * m * n);
 }
 
-size_t CpuBackend::gram_runs(size_t steps, int restart) {
-  const size_t run = restart > 0 ? static_cast<size_t>(restart) : std::max<size_t>(steps, 1);
-  return (steps + run - 1) / run;
-}
 
 // Gram-space iteration (Zhang, Amsel, Chen, Dao 2025, Dao-AILab/gram-newton-schulz). With
 // X_k = Q_k X_0 and R_k = X_k X_k^T, one step X_{k+1} = P_k X_k with P_k = a I + b R_k + c R_k^2
@@ -291,21 +287,21 @@ size_t CpuBackend::gram_runs(size_t steps, int restart) {
 // so only m x m products run per step and X = Q X_0 is formed at the end of a run of steps.
 // (R_k P_k^2, one ssyrk and one sgemm instead of two sgemms, was measured: up to 2.1x plain's
 // error from the SVD oracle, against 1.5x for P_k R_k P_k: outside the exactness contract.)
-// Restart (the source's stabilization): the steps run in runs of `restart` (0: one run of all);
-// each run starts from the X the previous one formed, with R recomputed from it, so rounding in
-// Q and R (R carries the squared condition number of X) accumulates over `restart` steps only.
+// Restart (the source's stabilization): the steps run in runs (gram_run_lengths: `restart`
+// steps each, a lone last step joining the run before it); each run starts from the X the
+// previous one formed, with R recomputed from it, so rounding in Q and R (R carries the squared
+// condition number of X) accumulates over one run only.
 // The runs write X alternately to x and to the workspace, starting from `in` (x or w.x2; the
 // result ends in x).
 void CpuBackend::gram(Workspace& w, float* in, float* x, int64_t m, int64_t n,
                       const std::vector<NsCoefficients>& coeffs, int restart) {
-  const size_t steps = coeffs.size();
-  const size_t run = restart > 0 ? static_cast<size_t>(restart) : steps;
   float* cur = in;
-  for (size_t first = 0; first < steps; first += run) {
-    const size_t last = std::min(steps, first + run);
+  size_t first = 0;
+  for (const size_t len : gram_run_lengths(coeffs.size(), restart)) {
     float* next = other_of(cur, x, w.x2.data());
-    gram_run(w, cur, next, m, n, coeffs.data() + first, last - first);
+    gram_run(w, cur, next, m, n, coeffs.data() + first, len);
     cur = next;
+    first += len;
   }
   if (cur != x) std::memcpy(x, cur, sizeof(float) * m * n);
 }

@@ -57,8 +57,6 @@ class CpuBackend final : public Backend {
                    const std::vector<NsCoefficients>& coeffs);
   static void gram(Workspace& w, float* in, float* x, int64_t m, int64_t n,
                    const std::vector<NsCoefficients>& coeffs, int restart);
-  /// Runs of gram's steps (each writes X once): ceil(steps / restart), one run for restart 0.
-  static size_t gram_runs(size_t steps, int restart);
   static void gram_run(Workspace& w, const float* in, float* out, int64_t m, int64_t n,
                        const NsCoefficients* coeffs, size_t count);
 

@@ -283,7 +283,8 @@ struct DeviceNewtonSchulz::Impl {
   }
 
   // The gram iteration (as CpuBackend::gram: Zhang, Amsel, Chen, Dao 2025) on the normalized X
-  // in `cur` (ws.x0/x1 or x itself), in runs of `restart` steps (0: one run): per run
+  // in `cur` (ws.x0/x1 or x itself), in runs (gram_run_lengths: `restart` steps each, a lone
+  // last step joining the run before it): per run
   // R = X X^T, then per step P = a I + b R + c R R, Q <- P Q (Q = P at the first), R <- P R P
   // (not after the last), and X <- Q X at the end of the run into `next`, swapped with `cur`
   // (as the plain steps ping-pong). Row-major products C = A B are gemm(N, N, B, A)
@@ -300,10 +301,10 @@ struct DeviceNewtonSchulz::Impl {
     const dim3 diagonal_grid(
         static_cast<unsigned>(std::clamp<int64_t>(ceil_div(m, kThreads), 1, kMaxBlocksPerMatrix)),
         static_cast<unsigned>(std::min(count, kMaxGridY)));
-    const size_t steps = coefficients.size();
-    const size_t run = restart > 0 ? static_cast<size_t>(restart) : steps;
-    for (size_t first = 0; first < steps; first += run) {
-      const size_t last = std::min(steps, first + run);
+    size_t last = 0;
+    for (const size_t len : gram_run_lengths(coefficients.size(), restart)) {
+      const size_t first = last;
+      last = first + len;
       gemm(CUBLAS_OP_T, CUBLAS_OP_N, m, m, n, 1.0f, cur, n, size, cur, n, size, 0.0f, R, m, gram,
            count, type, compute);
       for (size_t s = first; s < last; ++s) {

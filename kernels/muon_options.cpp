@@ -1,5 +1,6 @@
 #include "kernels/muon_options.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.hpp"
@@ -166,6 +167,13 @@ std::vector<std::string> names_of(const Named<E> (&table)[N]) {
 EpsMode parse_eps_mode(std::string_view name) {
   return parse_named(kEpsModes, name, "eps mode");
 }
+std::vector<size_t> gram_run_lengths(size_t steps, int restart) {
+  const size_t run = restart > 0 ? static_cast<size_t>(restart) : std::max<size_t>(steps, 1);
+  std::vector<size_t> runs;
+  for (size_t first = 0; first < steps; first += run) runs.push_back(std::min(run, steps - first));
+  return runs;
+}
+
 NsAlgorithm default_ns_algorithm() { return NsAlgorithm::automatic; }
 
 NsAlgorithm parse_ns_algorithm(std::string_view name) {

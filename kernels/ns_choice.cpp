@@ -177,11 +177,9 @@ double ns_model_flops(NsAlgorithm algorithm, int64_t m, int64_t n, int steps, in
     case NsAlgorithm::syrk:
       return steps * (3 * M * M * N + M * M * M);
     case NsAlgorithm::gram: {
-      const int run = gram_restart > 0 ? gram_restart : steps;
       double flops = 0;
-      for (int first = 0; first < steps; first += run) {
-        const int len = std::min(run, steps - first);
-        flops += 3 * M * M * N + (7.0 * len - 6) * M * M * M;
+      for (const size_t len : gram_run_lengths(static_cast<size_t>(steps), gram_restart)) {
+        flops += 3 * M * M * N + (7.0 * static_cast<double>(len) - 6) * M * M * M;
       }
       return flops;
     }

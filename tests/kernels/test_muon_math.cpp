@@ -193,6 +193,18 @@ TEST(OptionFields, SchemaListsEveryFieldWithDefaultChoicesAndFlag) {
   EXPECT_NE(std::find(schedules.begin(), schedules.end(), "polar_express"), schedules.end());
 }
 
+// gram's runs: restart-sized, the last one what is left.
+TEST(GramRuns, RestartSizedRunsTheLastOneWhatIsLeft) {
+  using V = std::vector<size_t>;
+  EXPECT_EQ(gram_run_lengths(5, 2), (V{2, 2, 1}));
+  EXPECT_EQ(gram_run_lengths(10, 2), (V{2, 2, 2, 2, 2}));
+  EXPECT_EQ(gram_run_lengths(7, 3), (V{3, 3, 1}));
+  EXPECT_EQ(gram_run_lengths(5, 1), (V{1, 1, 1, 1, 1}));
+  EXPECT_EQ(gram_run_lengths(5, 0), (V{5}));  // no restart
+  EXPECT_EQ(gram_run_lengths(1, 2), (V{1}));
+  EXPECT_TRUE(gram_run_lengths(0, 2).empty());
+}
+
 TEST(RangeSet, DisjointSortsDropsEmptyAndRefusesOverlapOrOutside) {
   const auto s = RangeSet::disjoint({{8, 12}, {0, 4}, {5, 5}}, 16, "push");
   EXPECT_EQ(s.ranges(), (std::vector<Range>{{0, 4}, {8, 12}}));
