@@ -14,8 +14,7 @@ using transport::ChunkKind;
 using transport::MessageType;
 
 PeerLink::PeerLink(asio::io_context& io, PeerLinkConfig config, PeerLinkEvents events)
-    : io_(io),
-      strand_(asio::make_strand(io)),
+    : strand_(asio::make_strand(io)),
       config_(std::move(config)),
       events_(std::move(events)),
       socket_(strand_),
@@ -249,6 +248,14 @@ uint32_t PeerLink::attempt_of(const std::string& name, int64_t step) const {
 
 void PeerLink::pump() {
   if (!hello_answered_ || !plane_) return;
+  try {
+    pump_ops();
+  } catch (const std::exception& e) {  // a frame too large, a slot the segment lacks
+    fail(lost_error(std::string("cannot send to it: ") + e.what()), /*raise_lost=*/true);
+  }
+}
+
+void PeerLink::pump_ops() {
   while (!failure_ && !ops_.empty()) {
     Op& op = ops_.front();
     if (!op.is_push) {
@@ -626,7 +633,7 @@ void PeerLink::fail(LinkError why, bool raise_lost) {
   if (hello_timer_) hello_timer_->cancel();
   if (stall_timer_) stall_timer_->cancel();
   if (plane_) plane_->abort();
-  writes_.clear();
+  // writes_ stay: a write in flight may still name its bytes until its handler runs (aborted).
   if (closed_) return;
   auto ops = std::move(ops_);
   auto replies = std::move(replies_);

@@ -192,8 +192,10 @@ class PeerLink : public std::enable_shared_from_this<PeerLink> {
   void on_update(transport::Update u);
   void on_error(transport::ErrorMsg e, uint32_t request_id);
   void on_register_ok(const transport::Frame& f);
-  /// Sends what the queue's head allows: frames, and push chunks while credits last.
+  /// Sends what the queue's head allows: frames, and push chunks while credits last; a failure
+  /// to send ends the link.
   void pump();
+  void pump_ops();
   /// Frames the head push's chunks while credits last; true when every chunk is framed.
   bool frame_chunks(Op& op);
   void write(transport::MessageType type, const std::string& payload, uint32_t request_id,
@@ -211,7 +213,6 @@ class PeerLink : public std::enable_shared_from_this<PeerLink> {
   LinkError lost_error(const std::string& why) const;
   std::string ms_text(std::chrono::milliseconds ms) const;
 
-  boost::asio::io_context& io_;
   boost::asio::strand<boost::asio::io_context::executor_type> strand_;
   PeerLinkConfig config_;
   PeerLinkEvents events_;
