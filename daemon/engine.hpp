@@ -258,6 +258,9 @@ class Engine {
     std::unique_ptr<boost::asio::steady_timer> timer;
   };
   std::map<uint64_t, HeldFetch> held_fetches_;
+  /// Takes the held fetch `it` out (its timer with it) and answers it unless its session is
+  /// gone; returns the next one.
+  std::map<uint64_t, HeldFetch>::iterator answer_held(std::map<uint64_t, HeldFetch>::iterator it);
   uint64_t next_fetch_ = 0;
   std::vector<float> scratch_;  // fp32 values of momentum and replica pushes, read out of a slot
   std::map<uint64_t, transport::StepReport> reports_;  // last step report, by session id

@@ -62,23 +62,24 @@ bool Engine::open_data_plane(const SessionPtr& s, const transport::Hello& m, tra
   // ~Engine) keeps one that ends during teardown from posting.
   std::weak_ptr<Session> weak = s;
   std::weak_ptr<bool> alive = alive_;
-  const bool ready = plane.start(config_.step_timeout, [&io = io_, weak,
-                                                        alive](const std::string& error) {
-    if (alive.expired()) return;
-    asio::post(io, [weak, alive, error] {
-      auto ss = weak.lock();
-      if (!ss || alive.expired()) return;
-      if (error.empty()) {
-        ss->set_data_plane_ready();
-        return;
-      }
-      // Only the nccl plane starts later: its communicators' join failed.
-      log()->warn("session {}: NCCL join failed: {}", ss->id(), error);
-      ss->send_error({ErrorCode::nccl, "joining the session's NCCL communicators failed: " + error,
-                      "", -1, ss->rank});
-      ss->close("nccl join failed");
-    });
-  });
+  const bool ready = plane.start(
+      config_.step_timeout,
+      [&io = io_, weak, alive, kind = plane.kind()](std::optional<transport::ErrorMsg> error) {
+        if (alive.expired()) return;
+        asio::post(io, [weak, alive, kind, error = std::move(error)]() mutable {
+          auto ss = weak.lock();
+          if (!ss || alive.expired()) return;
+          if (!error) {
+            ss->set_data_plane_ready();
+            return;
+          }
+          log()->warn("session {}: its {} data plane did not start: {}", ss->id(),
+                      transport::data_plane_name(kind), error->message);
+          error->rank = ss->rank;
+          ss->send_error(*error);
+          ss->close("data plane did not start");
+        });
+      });
   if (!ready) s->hold_data_plane();
   return true;
 }

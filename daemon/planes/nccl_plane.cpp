@@ -22,9 +22,13 @@ class NcclPlane final : public DeviceRingPlane {
   }
   // The client joins both communicators once it has the ids; the join runs on a thread the
   // DevicePlane owns and joins before it goes (never detached).
-  bool start(std::chrono::milliseconds timeout,
-             std::function<void(const std::string& error)> done) override {
-    plane_.join_nccl(rings_, timeout, std::move(done));
+  bool start(std::chrono::milliseconds timeout, Started done) override {
+    plane_.join_nccl(rings_, timeout, [done = std::move(done)](const std::string& error) {
+      if (error.empty()) return done(std::nullopt);
+      done(transport::ErrorMsg{ErrorCode::nccl,
+                               "joining the session's NCCL communicators failed: " + error, "",
+                               -1, -1});
+    });
     return false;
   }
   bool matches_transfers_in_order() const override { return true; }

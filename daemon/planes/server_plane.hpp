@@ -41,12 +41,14 @@ class ServerPlane {
   /// Slots of the result ring.
   virtual uint32_t rx_slots() const = 0;
 
+  /// What start() reports: nothing when the plane is ready, else the error to send the client
+  /// (the plane phrases it: its code and what failed).
+  using Started = std::function<void(std::optional<transport::ErrorMsg> error)>;
   /// Starts what the plane needs before its first chunk. Returns true when it is ready now;
-  /// false when it gets ready later: then `done` runs once, on a thread of the plane's, with ""
-  /// or the error, after at most `timeout` (the nccl plane joins its communicators). The
-  /// session holds the client's data-plane frames meanwhile (Session::hold_data_plane).
-  virtual bool start(std::chrono::milliseconds timeout,
-                     std::function<void(const std::string& error)> done) {
+  /// false when it gets ready later: then `done` runs once, on a thread of the plane's, after at
+  /// most `timeout` (the nccl plane joins its communicators). The session holds the client's
+  /// data-plane frames meanwhile (Session::hold_data_plane).
+  virtual bool start(std::chrono::milliseconds timeout, Started done) {
     (void)timeout;
     (void)done;
     return true;

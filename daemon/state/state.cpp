@@ -177,13 +177,7 @@ void Engine::on_state_fetch(const SessionPtr& s, const Frame& f) {
     auto timer = std::make_unique<asio::steady_timer>(io_, config_.step_timeout);
     timer->async_wait([this, id](boost::system::error_code ec) {
       if (ec) return;  // answered before, or the Engine is going
-      auto h = held_fetches_.find(id);
-      if (h == held_fetches_.end()) return;
-      auto held = std::move(h->second);
-      held_fetches_.erase(h);
-      if (auto ss = held.session.lock(); ss && !ss->closed()) {
-        answer_fetch(ss, held.name, held.request_id);
-      }
+      if (auto h = held_fetches_.find(id); h != held_fetches_.end()) answer_held(h);
     });
     held_fetches_.emplace(id, HeldFetch{s, m.name, m.after_step, f.request_id, std::move(timer)});
     return;
@@ -218,20 +212,24 @@ void Engine::answer_fetch(const SessionPtr& s, const std::string& name, uint32_t
 void Engine::release_fetches() {
   for (auto it = held_fetches_.begin(); it != held_fetches_.end();) {
     auto ss = it->second.session.lock();
-    if (!ss || ss->closed()) {
-      it = held_fetches_.erase(it);
-      continue;
-    }
     auto p = params_.find(it->second.name);
-    if (p != params_.end() && p->second.registered() &&
+    if (ss && !ss->closed() && p != params_.end() && p->second.registered() &&
         fetch_must_wait(p->second, it->second.after_step)) {
       ++it;
       continue;
     }
-    auto held = std::move(it->second);
-    it = held_fetches_.erase(it);
+    it = answer_held(it);
+  }
+}
+
+std::map<uint64_t, Engine::HeldFetch>::iterator Engine::answer_held(
+    std::map<uint64_t, HeldFetch>::iterator it) {
+  auto held = std::move(it->second);
+  auto next = held_fetches_.erase(it);
+  if (auto ss = held.session.lock(); ss && !ss->closed()) {
     answer_fetch(ss, held.name, held.request_id);
   }
+  return next;
 }
 
 }  // namespace muon::daemon
