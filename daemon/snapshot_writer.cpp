@@ -28,9 +28,9 @@ void SnapshotWriter::drain() {
   cv_.wait(lk, [&] { return queue_.empty() && !busy_; });
 }
 
-size_t SnapshotWriter::waiting() {
+size_t SnapshotWriter::outstanding() {
   std::lock_guard lk(mu_);
-  return queue_.size();
+  return queue_.size() + (busy_ ? 1 : 0);
 }
 
 int64_t SnapshotWriter::step_on_disk(const std::string& path) {

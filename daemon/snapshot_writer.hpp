@@ -34,8 +34,9 @@ class SnapshotWriter {
   void write(std::string path, std::vector<SnapshotEntry> entries, Done done);
   /// Blocks until every write queued so far is on disk (their outcomes posted, maybe not run).
   void drain();
-  /// Writes queued and not yet started (the one being written is not counted).
-  size_t waiting();
+  /// Writes queued or being written: a write counts from write() until its file is in place
+  /// (or failed), whether or not the writer thread has picked it up yet.
+  size_t outstanding();
   /// The step every entry of the last successful write to `path` held (common_step), -2 when
   /// they differed or nothing was written there yet.
   int64_t step_on_disk(const std::string& path);

@@ -80,9 +80,10 @@ void Engine::collect_periodic(const std::string& name, Param& p) {
     periodic_.reset();
   }
   if (!periodic_) {
-    if (writer_->waiting() > 0) {
+    if (writer_->outstanding() >= 2) {
       // The disk is slower than N steps: one snapshot written, one waiting, no more copies; the
-      // whole step is skipped (its other parameters too).
+      // whole step is skipped (its other parameters too). Counted from write(), not from when
+      // the writer thread starts one: a writer not scheduled yet is not a slow disk.
       skipped_step_ = step;
       if (skipped_periodic_++ == 0) {
         log()->warn("periodic snapshot of step {} skipped: the one before is still waiting to be "

@@ -996,7 +996,9 @@ TEST_F(SnapshotTest, WriterWritesInOrderOffTheCallersThreadAndSaysSo) {
     w.write(p, a, note);
     w.write(p, b, note);
     w.write(path("no-such-dir/x.safetensors"), a, note);
+    EXPECT_GE(w.outstanding(), 2u);  // the writes count from write() on (at most one done yet)
     w.drain();
+    EXPECT_EQ(w.outstanding(), 0u);
     EXPECT_EQ(w.step_on_disk(p), 5);  // the later write won
     EXPECT_EQ(w.step_on_disk(path("no-such-dir/x.safetensors")), -2);
     EXPECT_EQ(read_snapshot(p).front().last_step, 5);
