@@ -232,8 +232,10 @@ void Engine::maybe_finish_shutdown() {
     s->send_error({ErrorCode::shutdown, "server shutting down", "", -1, -1});
     s->close("server shutdown");
   }
-  // The pool's links go too (nothing is owed once nothing computes): their sockets would keep
-  // the io_context running.
+  // The pool's links go too, saying goodbye (nothing is owed once nothing computes: the peers
+  // must not take this server for lost); each closes once its goodbye is written.
+  if (replicator_) replicator_->leave();
+  if (relay_) relay_->leave();
   replicator_.reset();
   relay_.reset();
   scheduler_.stop();

@@ -26,15 +26,38 @@ std::shared_ptr<PeerLink> PeerLink::open(asio::io_context& io, PeerLinkConfig co
                                          PeerLinkEvents events) {
   std::shared_ptr<PeerLink> link(new PeerLink(io, std::move(config), std::move(events)));
   link->connect_deadline_ = std::chrono::steady_clock::now() + link->config_.connect_timeout;
+  transport::Endpoint where;
   try {
-    link->address_ = transport::resolve(transport::parse_endpoint(link->config_.endpoint), io);
+    where = transport::parse_endpoint(link->config_.endpoint);
   } catch (const std::exception& e) {
     LinkError err = link->lost_error(e.what());
     err.never_connected = true;
     link->later([link, err] { link->fail(err, /*raise_lost=*/true); });
     return link;
   }
-  link->connect();
+  if (!where.is_tcp()) {
+    link->address_ = asio::local::stream_protocol::endpoint(where.path);
+    link->connect();
+    return link;
+  }
+  // A host name is resolved without blocking the io thread (a DNS lookup may take seconds).
+  auto resolver = std::make_shared<asio::ip::tcp::resolver>(link->strand_);
+  resolver->async_resolve(
+      where.host, std::to_string(where.port),
+      [link, resolver, where](const boost::system::error_code& ec,
+                              const asio::ip::tcp::resolver::results_type& results) {
+        if (link->closed_ || link->failure_) return;
+        if (ec || results.empty()) {
+          LinkError err{LinkError::Kind::lost, ErrorCode::peer_lost,
+                        "endpoint '" + where.text + "': cannot resolve '" + where.host +
+                            "': " + (ec ? ec.message() : std::string("no address")),
+                        /*never_connected=*/true};
+          link->fail(err, /*raise_lost=*/true);
+          return;
+        }
+        link->address_ = results.begin()->endpoint();
+        link->connect();
+      });
   return link;
 }
 
@@ -405,15 +428,18 @@ void PeerLink::write_next() {
   writing_ = true;
   asio::async_write(socket_, asio::buffer(writes_.front().bytes),
                     [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
-                      if (self->closed_ || self->failure_) return;
+                      // A link that leaves (leave()) still writes its goodbye.
+                      if (self->failure_ || (self->closed_ && !self->leaving_)) return;
                       if (ec) {
                         self->fail(self->lost_error("write failed: " + ec.message()),
                                    /*raise_lost=*/true);
                         return;
                       }
-                      auto after = std::move(self->writes_.front().after_written);
+                      Write done = std::move(self->writes_.front());
                       self->writes_.pop_front();
-                      if (after) after();
+                      if (done.after_written && (!self->closed_ || done.when_leaving)) {
+                        done.after_written();
+                      }
                       self->write_next();
                     });
 }
@@ -665,7 +691,28 @@ void PeerLink::abandon(const std::string& why) {
   fail(lost_error(why), /*raise_lost=*/false);
 }
 
+void PeerLink::leave() {
+  if (closed_) return;
+  if (failure_ || !hello_answered_) return close();
+  // Silent from now on, as after close(); what is queued and not yet in the socket is dropped
+  // (the write in flight, if any, finishes first: its bytes are named by asio until then).
+  closed_ = true;
+  leaving_ = true;
+  ops_.clear();
+  replies_.clear();
+  fetches_.clear();
+  push_ends_.clear();
+  if (writing_ && !writes_.empty()) writes_.erase(writes_.begin() + 1, writes_.end());
+  else writes_.clear();
+  writes_.push_back({transport::encode_frame(transport::Frame{
+                         static_cast<uint16_t>(MessageType::goodbye), 0, "{}"}),
+                     [this] { fail(lost_error("left the pool session"), /*raise_lost=*/false); },
+                     /*when_leaving=*/true});
+  if (!writing_) write_next();
+}
+
 void PeerLink::close() {
+  if (leaving_) return;  // its goodbye is on the way; the socket closes after it
   // events_ stays: this may run inside one of its handlers; closed_ keeps them from running.
   closed_ = true;
   ops_.clear();

@@ -131,6 +131,10 @@ class PeerLink : public std::enable_shared_from_this<PeerLink> {
   void abandon(const std::string& why);
   /// Ends the link silently: nothing still owed is called (its owner is going away).
   void close();
+  /// Ends the link in order, as a client that is done: nothing owed is called any more, the
+  /// peer gets a goodbye (so it does not take this server for lost), and the socket closes once
+  /// that is written. A later close() leaves it to finish. A link not connected just closes.
+  void leave();
 
  private:
   PeerLink(boost::asio::io_context& io, PeerLinkConfig config, PeerLinkEvents events);
@@ -224,7 +228,8 @@ class PeerLink : public std::enable_shared_from_this<PeerLink> {
   bool hello_answered_ = false;
   std::shared_ptr<boost::asio::steady_timer> hello_timer_;
   std::optional<LinkError> failure_;
-  bool closed_ = false;  ///< close(): nothing is called any more
+  bool closed_ = false;   ///< close() or leave(): nothing is called any more
+  bool leaving_ = false;  ///< leave(): the goodbye is being written
 
   std::unique_ptr<LinkPlane> plane_;
   transport::CreditRing credits_;
@@ -247,6 +252,7 @@ class PeerLink : public std::enable_shared_from_this<PeerLink> {
   struct Write {
     std::vector<std::byte> bytes;
     std::function<void()> after_written;
+    bool when_leaving = false;  ///< the goodbye's: runs on a link that leaves
   };
   std::deque<Write> writes_;
   bool writing_ = false;

@@ -50,6 +50,10 @@ Relay::~Relay() {
   }
 }
 
+void Relay::leave() {
+  for (auto& [id, link] : links_) link->leave();
+}
+
 void Relay::later(std::function<void()> fn) {
   asio::post(io_, [alive = std::weak_ptr<bool>(alive_), fn = std::move(fn)] {
     if (alive.lock()) fn();

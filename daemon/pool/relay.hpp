@@ -116,6 +116,9 @@ class Relay {
 
   /// The endpoint of server `id` ("server 3 (tcp://h:29603)") for messages.
   std::string describe(int id) const;
+  /// The server stops in order: each owner link says goodbye (PeerLink::leave), nothing owed is
+  /// called any more. The relay is not used after this.
+  void leave();
 
  private:
   using Key = std::pair<std::string, int64_t>;  // (parameter, step)

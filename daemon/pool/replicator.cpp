@@ -18,6 +18,10 @@ Replicator::~Replicator() {
   for (auto& [id, link] : links_) link->close();
 }
 
+void Replicator::leave() {
+  for (auto& [id, link] : links_) link->leave();
+}
+
 void Replicator::later(std::function<void()> fn) {
   asio::post(io_, [alive = std::weak_ptr<bool>(alive_), fn = std::move(fn)] {
     if (alive.lock()) fn();

@@ -73,6 +73,9 @@ class Replicator {
   void mark_down(int target);
   /// "server 2 (/run/.../b.sock)" for messages.
   std::string describe(int id) const;
+  /// The server stops in order: each buddy link says goodbye (PeerLink::leave), nothing owed is
+  /// called any more. The replicator is not used after this.
+  void leave();
 
  private:
   /// The live link to `target`, made when there is none or it was lost.

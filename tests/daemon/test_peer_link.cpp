@@ -5,8 +5,10 @@
 // registration and a server killed under the link end every call owed with the right kind.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstring>
 #include <optional>
+#include <thread>
 
 #include "daemon/pool/peer_link.hpp"
 #include "kernels/backend.hpp"
@@ -266,6 +268,75 @@ TEST_F(PeerLinkTest, CloseCallsNothingOwed) {
   io.run_for(200ms);
   EXPECT_FALSE(called);
   EXPECT_FALSE(rec.lost);
+}
+
+// Rank 1 of a job of two on a raw socket: says hello, then reports whether the server tells it
+// within `wait` that rank 0 was lost (an error frame: peer_lost naming rank 0).
+class RawRank1 {
+ public:
+  explicit RawRank1(const std::string& socket) : sock_(io_) {
+    sock_.connect(transport::resolve(transport::parse_endpoint(socket), io_));
+    const auto hello = transport::encode_frame(
+        {static_cast<uint16_t>(transport::MessageType::hello), 1,
+         transport::encode(transport::Hello{1, 2, "raw rank 1"})});
+    boost::asio::write(sock_, boost::asio::buffer(hello));
+    const auto ok = next(5s);
+    if (!ok || ok->type != static_cast<uint16_t>(transport::MessageType::hello_ok)) {
+      throw std::runtime_error("raw rank 1: no hello_ok");
+    }
+  }
+  bool told_rank0_lost(std::chrono::milliseconds wait) {
+    const auto end = std::chrono::steady_clock::now() + wait;
+    while (auto f = next(std::chrono::duration_cast<std::chrono::milliseconds>(
+               end - std::chrono::steady_clock::now()))) {
+      if (f->type != static_cast<uint16_t>(transport::MessageType::error)) continue;
+      const auto e = transport::decode<transport::ErrorMsg>(f->payload);
+      if (e.code == ErrorCode::peer_lost && e.rank == 0) return true;
+    }
+    return false;
+  }
+
+ private:
+  // The next frame within `wait`, or nullopt.
+  std::optional<transport::Frame> next(std::chrono::milliseconds wait) {
+    const auto end = std::chrono::steady_clock::now() + wait;
+    while (std::chrono::steady_clock::now() < end) {
+      if (auto f = decoder_.next()) return f;
+      sock_.non_blocking(true);
+      std::array<std::byte, 4096> buf;
+      boost::system::error_code ec;
+      const size_t n = sock_.read_some(boost::asio::buffer(buf), ec);
+      if (ec == boost::asio::error::would_block) {
+        std::this_thread::sleep_for(5ms);
+        continue;
+      }
+      if (ec) return std::nullopt;
+      decoder_.feed(buf.data(), n);
+    }
+    return decoder_.next();
+  }
+  boost::asio::io_context io_;
+  boost::asio::generic::stream_protocol::socket sock_;
+  transport::FrameDecoder decoder_;
+};
+
+// leave() says goodbye: the server does not take the link's rank for lost and tells the job's
+// other ranks nothing; close() (no goodbye) is a lost rank, and they are told at once.
+TEST_F(PeerLinkTest, LeaveSaysGoodbyeCloseIsALostRank) {
+  ServerProcess server(dir);
+  for (const bool orderly : {true, false}) {
+    auto cfg = rank0(server.socket());
+    cfg.world_size = 2;
+    Recorder r;
+    auto link = PeerLink::open(io, cfg, r.events());
+    ASSERT_TRUE(run_until(io, [&] { return r.connected; }));
+    RawRank1 other(server.socket());
+    if (orderly) link->leave();
+    else link->close();
+    run_until(io, [] { return false; }, 200ms);  // the goodbye goes out
+    EXPECT_EQ(other.told_rank0_lost(1s), !orderly) << (orderly ? "leave()" : "close()");
+    EXPECT_FALSE(r.lost);  // neither raises the lost event
+  }
 }
 
 }  // namespace
