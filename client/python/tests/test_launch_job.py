@@ -108,3 +108,22 @@ def test_numa_binding_without_numactl_is_said(tmpdir_private):
     assert ("server 0: numactl is not installed, so it runs without the plan's NUMA binding "
             "(--cpunodebind=1 --membind=1)") in r.stderr, r.stderr
     assert "server 1: numactl" not in r.stderr  # no binding asked for
+
+
+def test_the_trainer_inherits_the_callers_variables_not_the_launchers(tmpdir_private):
+    """The launcher's own shell variables (N, PLAN, THREADS, CPU, ...) share names with what a
+    user may export: the trainer sees the caller's values, and what the launcher hands over on
+    purpose (MUON_OFFLOAD_SERVERS)."""
+    xdg = tmpdir_private / "xdg"
+    xdg.mkdir(mode=0o700)
+    mine = {"N": "7", "PLAN": "my-plan", "THREADS": "abc", "CPU": "x86", "REPLICATE": "no"}
+    env = dict(os.environ, XDG_RUNTIME_DIR=str(xdg), **mine)
+    show = ("import json, os; print(json.dumps({k: os.environ.get(k) for k in "
+            f"{sorted(mine) + ['MUON_OFFLOAD_SERVERS']!r}}}))")
+    r = subprocess.run([LAUNCH, "--cpu", "--servers", "2", "--bin-dir", bin_dir(), "--",
+                        sys.executable, "-c", show],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    seen = json.loads(r.stdout)
+    assert {k: seen[k] for k in mine} == mine
+    assert len(seen["MUON_OFFLOAD_SERVERS"].split(",")) == 2
