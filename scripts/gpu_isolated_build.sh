@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Proves, here, that the GPU bundle (.gpu-bundle/, made by scripts/gpu_bundle.sh) is all the GPU
+# Proves, here, that the GPU bundle (.gpu-bundle/, made by scripts/gpu_bundle.py) is all the GPU
 # machine needs: in a minimal Debian root that has none of this host's -dev packages (made once
 # with debootstrap into build-gpu-root/, kept for reruns), with only what the GPU machine's image
 # has bound or installed in it (g++ and the C library's headers, the CUDA toolkit of /usr/local/cuda
@@ -17,7 +17,7 @@
 # Prints one line per step and "GPU BUNDLE PROOF PASSED" or "... FAILED"; logs in
 # build-gpu-root/logs/. Exit 0 when every step passed.
 #
-# Usage (as root, from the repo; run scripts/gpu_bundle.sh first):
+# Usage (as root, from the repo; run scripts/gpu_bundle.py first):
 #   scripts/gpu_isolated_build.sh            # all steps
 #   STEPS="prepare fallback" scripts/gpu_isolated_build.sh
 # Takes (2 cores): the root and venv once ~10 min (debootstrap ~5, torch ~5 of download); then

@@ -114,9 +114,13 @@ bool Relay::fail_over(int owner, int from, const std::string& why) {
   const int next = from == owner ? buddy : owner;
   targets_[owner] = next;
   moved_[next].insert(owner);
-  log()->warn("relay {}: {} was lost ({}); the parameters of owner {} go to {} from now on, "
-              "which holds their replica; steps in flight are pushed there again",
-              describe(config_.peers.server_id), describe(from), why, describe(owner), describe(next));
+  // Back to a server found lost before (both of the pair lost): no replica is promised there.
+  log()->warn("relay {}: {} was lost ({}); the parameters of owner {} go to {} from now on, {}",
+              describe(config_.peers.server_id), describe(from), why, describe(owner),
+              describe(next),
+              lost_.count(next) != 0
+                  ? "which was lost too: the steps in flight fail unless it answers again"
+                  : "which holds their replica; steps in flight are pushed there again");
   // The lost link goes now: when the parameters come back to `from` (restarted), a new session
   // is made. Every step still waiting on it goes again (settle fails it over).
   if (auto it = links_.find(from); it != links_.end()) {

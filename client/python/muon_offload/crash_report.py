@@ -8,7 +8,7 @@ length, then a JSON header whose ``__metadata__`` holds ``"step:<name>"``, the l
 to each parameter's momentum. Only the header is read.
 
 A trainer behind a relay learns what its lost servers snapshot from the relay's error instead
-(daemon/relay.cpp, Relay::forward_error): :func:`relay_lost_servers` reads that line.
+(daemon/pool/relay.cpp, Relay::forward_error): :func:`relay_lost_servers` reads that line.
 """
 from __future__ import annotations
 
