@@ -23,6 +23,7 @@ PACKAGES=(
   python3 python3-venv   # the base of the Python environment below; the launcher's plan reader
   fortunes          # the demo's corpus: /usr/share/games/fortunes
   numactl           # the launcher's NUMA binding of servers (a plan's numactl arguments)
+  ccache            # compiler cache: a fresh clone's build reuses this machine's (CMakeLists.txt)
 )
 # --fuzz (scripts/fuzz.sh): clang-16 (clang-14 lacks std::source_location), libFuzzer, symbolizer
 if [ "${1:-}" = "--fuzz" ]; then PACKAGES+=(clang-16 libclang-rt-16-dev llvm-16); fi
