@@ -91,6 +91,7 @@ Connection::Connection(std::string endpoint, int rank, int world_size,
     crash_note_ = crash_note(ok);
     if (!ok.server_version.empty()) snapshot_config_.emplace(ok.snapshot_path, ok.snapshot_every);
     tx_credits_.assign(ok.tx_slots);
+    if (auto words = plane_->tx_credit_words()) tx_credits_.use_segment(*words);
   } catch (...) {
     boost::system::error_code ignored;
     socket_.shutdown(asio::socket_base::shutdown_both, ignored);
@@ -306,23 +307,12 @@ int64_t Connection::push_chunks(const std::string& name, int64_t step, int64_t o
   int64_t frames = 0;
   for (int64_t done = 0; done < count || (count == 0 && done == 0); done += per_slot) {
     const int64_t n = std::min(per_slot, count - done);
-    uint32_t slot = 0;
-    {
-      std::unique_lock lk(mu_);
-      if (!cv_.wait_until(lk, deadline(),
-                          [&] { return tx_credits_.any_free() || !lost_.empty(); })) {
-        throw Timeout("no free " + std::string(transport::data_plane_name(data_plane_)) +
-                      " ring slot to push '" + name + "' step " + std::to_string(step) +
-                      " within " + ms_text(op_timeout_) + " (the server is not draining the ring)");
-      }
-      if (!lost_.empty()) throw_lost("pushing '" + name + "'");
-      slot = *tx_credits_.acquire();  // any_free() held under the same lock
-    }
+    const uint32_t slot = take_tx_credit(name, step);
     try {
       if (moves.into_slot) moves.into_slot(slot, done, n);
     } catch (...) {
       std::lock_guard lk(mu_);
-      (void)tx_credits_.release(slot);  // nothing announced: the credit is still ours
+      tx_credits_.give_back(slot);  // nothing announced: the credit is still ours
       cv_.notify_all();
       throw;
     }
@@ -347,6 +337,31 @@ int64_t Connection::push_chunks(const std::string& name, int64_t step, int64_t o
     if (count == 0) break;
   }
   return frames;
+}
+
+uint32_t Connection::take_tx_credit(const std::string& name, int64_t step) {
+  using IfNot = transport::CreditRing::IfNot;
+  std::unique_lock lk(mu_);
+  if (tx_credits_.in_segment()) {
+    const auto spin_until = Clock::now() + kCreditSpin;
+    for (;;) {
+      if (!lost_.empty()) throw_lost("pushing '" + name + "'");
+      if (auto slot = tx_credits_.acquire()) return *slot;  // reads the words back
+      if (Clock::now() >= spin_until) break;
+      lk.unlock();
+      std::this_thread::yield();  // the server's io thread may need this core
+      lk.lock();
+    }
+  }
+  if (!cv_.wait_until(lk, deadline(), [&] {
+        return tx_credits_.any_free(IfNot::ask_wake) || !lost_.empty();
+      })) {
+    throw Timeout("no free " + std::string(transport::data_plane_name(data_plane_)) +
+                  " ring slot to push '" + name + "' step " + std::to_string(step) + " within " +
+                  ms_text(op_timeout_) + " (the server is not draining the ring)");
+  }
+  if (!lost_.empty()) throw_lost("pushing '" + name + "'");
+  return *tx_credits_.acquire();  // any_free() held under the same lock
 }
 
 uint32_t Connection::wire_id(const std::string& name, transport::ChunkKind kind) {
@@ -375,7 +390,7 @@ void Connection::commit(const std::string& name, int64_t step) {
 void Connection::flush() {
   std::unique_lock lk(mu_);
   const bool ok = cv_.wait_until(lk, deadline(), [&] {
-    return tx_credits_.all_free() || !lost_.empty();
+    return tx_credits_.all_free(transport::CreditRing::IfNot::ask_wake) || !lost_.empty();
   });
   if (!lost_.empty()) throw_lost("flushing pushed data");
   if (!ok)
@@ -546,8 +561,10 @@ void Connection::handle(transport::Frame f) {
   std::lock_guard lk(mu_);
   switch (type) {
     case MessageType::push_ack: {
+      // An ack for a slot not held changes nothing; on shm it only wakes the pusher (the
+      // slot's release is in the segment's credit words).
       const auto slot = transport::decode<transport::SlotAck>(f.payload).slot;
-      (void)tx_credits_.release(slot);  // an ack for a slot not held changes nothing
+      (void)tx_credits_.release(slot);
       break;
     }
     case MessageType::error: {

@@ -210,6 +210,12 @@ class Connection {
   /// that throws loses the connection (the server already expects the bytes).
   int64_t push_chunks(const std::string& name, int64_t step, int64_t offset, int64_t count,
                       size_t elem_bytes, transport::ChunkKind kind, const ChunkMoves& moves);
+  /// A free tx slot for a chunk of (name, step), taken: on a shm session first by reading the
+  /// segment's credit words for up to kCreditSpin (the server is draining the ring right now;
+  /// sleeping would cost a wake frame and two thread wake-ups per chunk), then by sleeping until
+  /// a push_ack. Throws Timeout after the op timeout, ServerError / the loss when the server is
+  /// lost.
+  uint32_t take_tx_credit(const std::string& name, int64_t step);
   /// The ChunkMoves -> push frames of one push, for the plane's push_host / push_device.
   SendChunks chunker(const std::string& name, int64_t step, int64_t offset, int64_t count,
                      size_t elem_bytes, transport::ChunkKind kind);
@@ -224,6 +230,9 @@ class Connection {
                    const std::function<void(ParamRx::Complete&)>& take);
   [[noreturn]] void throw_lost(const std::string& what);
   Clock::time_point deadline() const { return Clock::now() + op_timeout_; }
+  /// How long a pusher of a shm session reads the credit words before it sleeps: several
+  /// chunks' drain time at memory bandwidth (a 256 KiB chunk takes ~20-40 us to copy).
+  static constexpr std::chrono::microseconds kCreditSpin{200};
   /// The attempt pushes and commits of (name, step) carry. Takes mu_.
   uint32_t attempt_of(const std::string& name, int64_t step);
 

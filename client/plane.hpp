@@ -8,7 +8,8 @@
 // plane.cpp is the one place that picks a plane from the negotiated data plane.
 //
 // The control plane stays the connection's: tx credits (which slot is free), the push and update
-// frames, their order, the update reassembly (client/connection.hpp). A plane moves bytes only.
+// frames, their order, the update reassembly (client/connection.hpp). A plane moves bytes only;
+// the shm plane also hands the connection the credit words of its segment.
 #pragma once
 
 #include <chrono>
@@ -16,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "client/update_hold.hpp"
@@ -56,6 +58,10 @@ class ClientPlane {
   /// True when the plane maps memory the server exports (cuda_ipc): the connection destroys it,
   /// and every hold first, before the goodbye that lets the server free that memory.
   virtual bool maps_server_memory() const = 0;
+  /// The tx ring's credit words when they live in the session's segment (shm: the server
+  /// releases slots there and a push_ack only wakes a sleeping pusher; transport/shm_credits.hpp);
+  /// nullopt where every push_ack names the slot it releases (the device planes).
+  virtual std::optional<transport::ShmCreditWords> tx_credit_words() const { return std::nullopt; }
 
   // ---- pushes (the caller's threads) ---------------------------------------------------------
   /// Pushes `elem_bytes`-sized elements from host memory at `data` through `send` (the

@@ -1,7 +1,8 @@
 // The shm data plane: the session's shared-memory segment (transport/shm_segment.hpp), a tx ring
 // the client copies pushes into and an rx ring the server writes updates into, with updates held
-// in host memory. The slots' reuse is ordered by the frames alone (a credit comes back with the
-// push_ack / the update_ack after the copy), so every copy here is a plain memcpy.
+// in host memory. The slots' reuse is ordered by the credits alone (a tx slot comes back when the
+// server advances its counter in the segment, an rx slot with the update_ack after the copy),
+// so every copy here is a plain memcpy.
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -47,6 +48,9 @@ class ShmPlane final : public ClientPlane {
   StreamHandle push_stream() const override { return nullptr; }
   StreamHandle reader_stream() const override { return nullptr; }
   bool maps_server_memory() const override { return false; }
+  std::optional<transport::ShmCreditWords> tx_credit_words() const override {
+    return segment_.tx_credits();
+  }
 
   int64_t push_host(const std::byte* data, size_t elem_bytes, const SendChunks& send) override {
     return send({[&](uint32_t slot, int64_t first, int64_t n) {

@@ -108,12 +108,46 @@ void Session::send(MessageType type, const std::string& payload, uint32_t reques
 }
 
 void Session::ack_push(uint32_t slot) {
+  if (plane_ && plane_->releases_in_segment()) {
+    unreleased_.push_back(slot);
+    release_slots();
+    return;
+  }
   std::function<bool()> released;
   if (plane_) released = [this, slot] { return !plane_ || plane_->slot_released(slot); };
   enqueue({transport::encode_frame(Frame{static_cast<uint16_t>(MessageType::push_ack), 0,
                                          transport::encode(transport::SlotAck{slot})}),
            {},
            std::move(released)});
+}
+
+void Session::release_slots() {
+  if (closed_ || !plane_) return;
+  bool wake = false;
+  try {
+    while (!unreleased_.empty() && plane_->slot_released(unreleased_.front())) {
+      wake = plane_->release_slot(unreleased_.front()) || wake;
+      unreleased_.pop_front();
+    }
+  } catch (const std::exception& e) {
+    unreleased_.clear();
+    data_plane_failed(e.what());
+    return;
+  }
+  if (wake) {
+    enqueue({transport::encode_frame(Frame{static_cast<uint16_t>(MessageType::push_ack), 0,
+                                           transport::encode(transport::SlotAck{transport::kWakeSlot})}),
+             {},
+             {}});
+  }
+  if (unreleased_.empty() || release_polling_) return;
+  if (!release_timer_) release_timer_ = std::make_unique<asio::steady_timer>(socket_.get_executor());
+  release_polling_ = true;
+  release_timer_->expires_after(kGatePoll);
+  release_timer_->async_wait([self = shared_from_this()](boost::system::error_code ec) {
+    self->release_polling_ = false;
+    if (!ec) self->release_slots();
+  });
 }
 
 void Session::enqueue(Outgoing frame) {
@@ -314,6 +348,8 @@ void Session::finish(const std::string& why) {
   write_queue_.clear();
   if (gate_timer_) gate_timer_->cancel();
   if (write_timer_) write_timer_->cancel();
+  if (release_timer_) release_timer_->cancel();
+  unreleased_.clear();
   gate_ = nullptr;
   if (plane_) plane_->closing();
   on_close_(shared_from_this(), why);

@@ -47,10 +47,12 @@ class Session : public std::enable_shared_from_this<Session> {
             AfterFrame after = {});
   /// Sends an error message (io thread only).
   void send_error(const transport::ErrorMsg& error, uint32_t request_id = 0);
-  /// Returns tx slot `slot` to the client (push_ack) once the plane's reads of it are done
-  /// (ServerPlane::slot_released), asking again every kGatePoll; the frames queued after it
-  /// wait behind it, in order (io thread only). A plane that cannot tell (throws) ends the
-  /// session as a failed data plane, after the ack.
+  /// Returns tx slot `slot` to the client once the plane's reads of it are done
+  /// (ServerPlane::slot_released), asking again every kGatePoll (io thread only). A plane that
+  /// releases in its segment (shm) is told so, in the order of the calls, and a push_ack goes
+  /// only to wake a sleeping pusher; elsewhere a push_ack names the slot, and the frames queued
+  /// after it wait behind it, in order. A plane that cannot tell (throws) ends the session as a
+  /// failed data plane, after the ack.
   void ack_push(uint32_t slot);
   /// Queues an update chunk: written into a free rx slot through the data plane (write_host) and
   /// announced with an `update` frame as soon as a slot is free (credit-based flow control).
@@ -142,6 +144,10 @@ class Session : public std::enable_shared_from_this<Session> {
   void protocol_failed(const transport::ProtocolError& e);
   void write_next();
   void flush_chunks();
+  /// Releases, in order, the tx slots of unreleased_ whose reads are done (segment planes),
+  /// sends one wake push_ack if the pusher asked for it, and polls again after kGatePoll while
+  /// some are left.
+  void release_slots();
   /// A write into a result slot, or the transfer after its frame, failed (a CUDA or NCCL
   /// error): error frame, then close.
   void data_plane_failed(const std::string& what);
@@ -191,6 +197,9 @@ class Session : public std::enable_shared_from_this<Session> {
   std::unique_ptr<boost::asio::steady_timer> gate_timer_;
   bool gate_polling_ = false;
   std::unique_ptr<boost::asio::steady_timer> write_timer_;  // first_frame_ready's poll
+  std::deque<uint32_t> unreleased_;  // tx slots read, not yet released (segment planes)
+  std::unique_ptr<boost::asio::steady_timer> release_timer_;  // release_slots' poll
+  bool release_polling_ = false;
 };
 
 }  // namespace muon::daemon

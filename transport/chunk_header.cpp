@@ -1,5 +1,6 @@
 // The binary codec of data-chunk frames (layout: transport/chunk_header.hpp).
 #include "transport/chunk_header.hpp"
+#include "transport/shm_credits.hpp"
 
 #include <cstring>
 #include <string>
@@ -173,7 +174,7 @@ SlotAck decode<SlotAck>(const std::string& p) {
   }
   if (get<uint32_t>(p, 0) != kSlotAckMagic) fail("slot_ack", "bad magic");
   const auto slot = get<uint32_t>(p, 4);
-  check_range("slot_ack", "slot", slot, 0, 1 << 16);
+  if (slot != kWakeSlot) check_range("slot_ack", "slot", slot, 0, 1 << 16);
   return {slot};
 }
 

@@ -21,7 +21,8 @@
 // seals them (daemon/pool/replicator.hpp), and a client's push of a parameter whose registration was
 // never answered on its connection (the server then refuses it by name, as before ids).
 //
-// push_ack / update_ack payload (SlotAck), 8 bytes: u32 magic kSlotAckMagic ("SACK"), u32 slot.
+// push_ack / update_ack payload (SlotAck), 8 bytes: u32 magic kSlotAckMagic ("SACK"), u32 slot
+// (<= 65536, or a push_ack's kWakeSlot: a shm session's wake-up, transport/shm_credits.hpp).
 //
 // Every field is checked when decoding: a short, long or malformed payload throws ProtocolError
 // naming the message and the field. encode()/decode<>() of Push, Update and SlotAck are declared

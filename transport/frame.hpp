@@ -21,9 +21,10 @@
 namespace muon::transport {
 
 inline constexpr uint32_t kFrameMagic = 0x4E4F554D;  // "MUON" little-endian
-/// 2: data chunks (push, update and their acks) are binary and name parameters by id
-/// (transport/chunk_header.hpp); 1 carried them as JSON with names.
-inline constexpr uint16_t kProtocolVersion = 2;
+/// 3: a shm session's tx credits are in its segment (transport/shm_credits.hpp; its push_ack
+/// only wakes a sleeping pusher); 2: data chunks (push, update and their acks) are binary and
+/// name parameters by id (transport/chunk_header.hpp); 1 carried them as JSON with names.
+inline constexpr uint16_t kProtocolVersion = 3;
 inline constexpr size_t kFrameHeaderBytes = 16;
 /// Largest accepted payload: control messages are small; anything bigger is a bug or an attack.
 inline constexpr uint32_t kMaxPayload = 1u << 20;

@@ -152,4 +152,10 @@ std::byte* ShmSegment::rx_slot(uint32_t i) const {
          (uint64_t{impl_->layout.tx_slots} + i) * impl_->layout.slot_bytes;
 }
 
+ShmCreditWords ShmSegment::tx_credits() const {
+  return ShmCreditWords(
+      static_cast<std::byte*>(impl_->region.get_address()) + impl_->layout.ring_bytes(),
+      impl_->layout.tx_slots);
+}
+
 }  // namespace muon::transport

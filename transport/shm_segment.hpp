@@ -5,14 +5,17 @@
 // touched): copies into fresh pages run ~20x slower than into allocated ones, and a full
 // /dev/shm fails the creation with a clear error instead of a SIGBUS at the first copy.
 //
-// Layout: [tx ring: tx_slots x slot_bytes][rx ring: rx_slots x slot_bytes]
-//   tx: client -> server (gradient / momentum chunks); rx: server -> client (update chunks).
+// Layout: [tx ring: tx_slots x slot_bytes][rx ring: rx_slots x slot_bytes][tx credit block]
+//   tx: client -> server (gradient / momentum chunks); rx: server -> client (update chunks);
+//   the tx ring's credits (transport/shm_credits.hpp).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+
+#include "transport/shm_credits.hpp"
 
 namespace muon::transport {
 
@@ -21,7 +24,10 @@ struct SegmentLayout {
   uint32_t tx_slots = 8;
   uint32_t rx_slots = 8;
   uint64_t slot_bytes = 4u << 20;  ///< 4 MiB: large enough for copy bandwidth, small for latency
-  uint64_t total_bytes() const { return (uint64_t{tx_slots} + rx_slots) * slot_bytes; }
+  /// Bytes of the two rings.
+  uint64_t ring_bytes() const { return (uint64_t{tx_slots} + rx_slots) * slot_bytes; }
+  /// Bytes of the segment: the rings and the tx ring's credit block.
+  uint64_t total_bytes() const { return ring_bytes() + ShmCreditWords::bytes(tx_slots); }
 };
 
 /// A mapped segment. Move-only; unmaps on destruction. Throws muon::Error on any OS failure with
@@ -47,6 +53,8 @@ class ShmSegment {
   std::byte* tx_slot(uint32_t i) const;
   /// Start of rx slot i (server -> client). Throws InvalidArgument when i is out of range.
   std::byte* rx_slot(uint32_t i) const;
+  /// The tx ring's credit block (transport/shm_credits.hpp), after the rings.
+  ShmCreditWords tx_credits() const;
 
  private:
   struct Impl;

@@ -82,6 +82,17 @@ class ServerPlane {
     (void)slot;
     return true;
   }
+  /// Whether tx slots are released in the session's segment (shm, transport/shm_credits.hpp):
+  /// the session then calls release_slot() once slot_released() says yes, and sends a push_ack
+  /// (naming transport::kWakeSlot) only when that returns true. Elsewhere each slot's push_ack
+  /// frame releases it.
+  virtual bool releases_in_segment() const { return false; }
+  /// Segment planes: the client may rewrite tx slot `slot` (its counter advances). Returns true
+  /// when the client's pusher sleeps and waits for a wake frame.
+  virtual bool release_slot(uint32_t slot) {
+    (void)slot;
+    return false;
+  }
   /// Whether the plane's transfers are matched in order with the client's (nccl): a push refused
   /// before its receive() was posted then leaves the client's transfer to match the next one,
   /// so the session must end.

@@ -1,5 +1,6 @@
 // Shared memory: a pushed chunk is read in place from its tx slot (fp32 and bf16 alike; the
-// contribution store widens bf16 as it adds), an update's bytes are copied into an rx slot.
+// contribution store widens bf16 as it adds), an update's bytes are copied into an rx slot. A tx
+// slot is released in the segment's credit words (transport/shm_credits.hpp), not by a frame.
 #include "daemon/planes/shm_plane.hpp"
 
 #include <algorithm>
@@ -14,6 +15,7 @@ class ShmPlane final : public ServerPlane {
  public:
   ShmPlane(const transport::SegmentLayout& layout, DevicePlane* device)
       : segment_(transport::ShmSegment::create(layout)),
+        credits_(segment_.tx_credits()),
         device_(device),
         copy_fence_(device ? layout.tx_slots : 0, 0) {}
 
@@ -27,14 +29,18 @@ class ShmPlane final : public ServerPlane {
   void read_received(uint32_t slot, void* out, size_t bytes) override {
     std::memcpy(out, segment_.tx_slot(slot), bytes);
   }
-  // Read in place: the push_ack frees the slot, on a GPU server once the copy onto the device
-  // is done (the latest copy's fence: every chunk of this push was added before this call).
+  // Read in place: the slot is released once read, on a GPU server once the copy onto the
+  // device is done (the latest copy's fence: every chunk of this push was added before this
+  // call).
   void end_receive(uint32_t slot) override {
     if (device_) copy_fence_.at(slot) = device_->host_copy_fence();
   }
   bool slot_released(uint32_t slot) override {
     return !device_ || device_->host_copies_done(copy_fence_.at(slot));
   }
+
+  bool releases_in_segment() const override { return true; }
+  bool release_slot(uint32_t slot) override { return credits_.release(slot); }
 
   AfterFrame write_host(uint32_t slot, const std::byte* data, size_t bytes,
                         transport::DType) override {
@@ -57,6 +63,7 @@ class ShmPlane final : public ServerPlane {
 
  private:
   transport::ShmSegment segment_;
+  transport::ShmCreditWords credits_;  // the tx ring's, in segment_
   DevicePlane* device_;               // null on a CPU server
   std::vector<uint64_t> copy_fence_;  // per tx slot: the copy its push_ack waits for
 };

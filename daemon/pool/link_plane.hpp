@@ -15,9 +15,11 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "transport/messages.hpp"
+#include "transport/shm_credits.hpp"
 
 namespace muon::daemon {
 
@@ -33,6 +35,10 @@ class LinkPlane {
   /// True when a chunk's bytes travel after its push frame is written (nccl: the peer posts its
   /// receive when it reads the frame), false when they are in the slot before it (shm).
   virtual bool sends_after_frame() const = 0;
+  /// The tx ring's credit words when they live in the session's segment (shm: the peer releases
+  /// slots there, a push_ack only wakes the link; transport/shm_credits.hpp); nullopt where each
+  /// push_ack names its slot.
+  virtual std::optional<transport::ShmCreditWords> tx_credit_words() const { return std::nullopt; }
   /// shm: copies `bytes` at `src` into tx slot `slot` now (the push frame follows). Throws
   /// InvalidArgument (slot out of range). Not called on a plane that sends after the frame.
   virtual void fill_slot(uint32_t slot, const std::byte* src, size_t bytes) = 0;

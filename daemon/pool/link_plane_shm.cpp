@@ -1,6 +1,7 @@
 // A PeerLink's shm plane: the session's shared-memory segment, mapped from the name hello_ok gave
-// (and unlinked). The slots' reuse is ordered by the frames alone (a credit comes back with the
-// push_ack, an rx slot with this side's update_ack after its copy), so every copy is a memcpy.
+// (and unlinked). The slots' reuse is ordered by the credits alone (a tx slot comes back when the
+// peer advances its counter in the segment, an rx slot with this side's update_ack after its
+// copy), so every copy is a memcpy.
 #include <cstring>
 #include <utility>
 
@@ -16,6 +17,9 @@ class ShmLinkPlane final : public LinkPlane {
   explicit ShmLinkPlane(transport::ShmSegment segment) : segment_(std::move(segment)) {}
 
   bool sends_after_frame() const override { return false; }
+  std::optional<transport::ShmCreditWords> tx_credit_words() const override {
+    return segment_.tx_credits();
+  }
   void fill_slot(uint32_t slot, const std::byte* src, size_t bytes) override {
     if (bytes > 0) std::memcpy(segment_.tx_slot(slot), src, bytes);
   }

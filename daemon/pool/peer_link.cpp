@@ -167,6 +167,7 @@ void PeerLink::on_hello(const transport::Frame& f) {
     return;
   }
   credits_.assign(ok.tx_slots);
+  if (auto words = plane_->tx_credit_words()) credits_.use_segment(*words);
   slot_bytes_ = ok.slot_bytes;
   if (events_.connected) events_.connected(ok);
   pump();
@@ -351,7 +352,11 @@ bool PeerLink::frame_chunks(Op& op) {
   // An empty push still says so in one frame (count 0), as the trainer's client does.
   bool framed_empty = false;
   while (op.sent < op.count || (op.count == 0 && !framed_empty)) {
-    const auto slot = credits_.acquire();
+    auto slot = credits_.acquire();
+    // None free (shm: as the segment says now): ask for a wake frame, then look once more.
+    if (!slot && credits_.any_free(transport::CreditRing::IfNot::ask_wake)) {
+      slot = credits_.acquire();
+    }
     if (!slot) {
       if (!stall_timer_) {
         stall_timer_ = timer_after(config_.op_timeout, [this, name = op.name, step = op.step] {
@@ -491,7 +496,8 @@ void PeerLink::handle(transport::Frame f) {
       on_update(transport::decode<transport::Update>(f.payload));
       return;
     case MessageType::push_ack:
-      // An ack for a slot not held changes nothing.
+      // An ack for a slot not held changes nothing; on shm it only wakes the link (the slot's
+      // release is in the segment's credit words).
       (void)credits_.release(transport::decode<transport::SlotAck>(f.payload).slot);
       pump();
       return;

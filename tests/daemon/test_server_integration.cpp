@@ -18,6 +18,7 @@
 #include "server_process.hpp"
 #include "transport/frame.hpp"
 #include "transport/messages.hpp"
+#include "transport/shm_segment.hpp"
 
 using namespace muon;
 using namespace muon::testing;
@@ -290,8 +291,9 @@ TEST(ServerIntegration, MalformedFramesHurtOnlyTheirSender) {
 }
 
 // A push naming a parameter id its session was never handed (chunk_header.hpp) is answered
-// bad_request naming the id, and its slot is acked all the same (no credit lost); the session
-// goes on (health answers after it).
+// bad_request naming the id, and its slot is released all the same (no credit lost: the slot's
+// counter in the segment advances, and the pusher that asked to be woken gets one push_ack
+// naming kWakeSlot); the session goes on (health answers after it).
 TEST(ServerIntegration, APushNamingAnUnknownParameterIdLosesNothing) {
   const auto dir = temp_dir();
   ServerProcess server(dir);
@@ -313,19 +315,25 @@ TEST(ServerIntegration, APushNamingAnUnknownParameterIdLosesNothing) {
     }
   };
   send(MessageType::hello, 1, R"({"rank": 0, "world_size": 1})");
-  const auto ok = next();
-  ASSERT_EQ(ok.type, static_cast<uint16_t>(MessageType::hello_ok)) << ok.payload;
+  const auto ok_frame = next();
+  ASSERT_EQ(ok_frame.type, static_cast<uint16_t>(MessageType::hello_ok)) << ok_frame.payload;
+  const auto ok = transport::decode<transport::HelloOk>(ok_frame.payload);
+  const auto segment = transport::ShmSegment::open_and_unlink(
+      ok.shm_name, transport::SegmentLayout{ok.tx_slots, ok.rx_slots, ok.slot_bytes});
+  auto credits = segment.tx_credits();
+  ASSERT_EQ(credits.released(0), 0u);
+  credits.ask_wake();  // as a pusher that found no free slot and sleeps
   transport::Push push;
   push.param_id = 5;
   push.count = 1;
   push.slot = 0;
   send(MessageType::push, 0, transport::encode(push));
-  bool acked = false, refused = false;
+  bool woken = false, refused = false;
   for (int i = 0; i < 2; ++i) {
     const auto f = next();
     if (f.type == static_cast<uint16_t>(MessageType::push_ack)) {
-      EXPECT_EQ(transport::decode<transport::SlotAck>(f.payload).slot, 0u);
-      acked = true;
+      EXPECT_EQ(transport::decode<transport::SlotAck>(f.payload).slot, transport::kWakeSlot);
+      woken = true;
     } else {
       ASSERT_EQ(f.type, static_cast<uint16_t>(MessageType::error)) << f.payload;
       const auto e = transport::decode<transport::ErrorMsg>(f.payload);
@@ -336,8 +344,10 @@ TEST(ServerIntegration, APushNamingAnUnknownParameterIdLosesNothing) {
       refused = true;
     }
   }
-  EXPECT_TRUE(acked);
+  EXPECT_TRUE(woken);
   EXPECT_TRUE(refused);
+  EXPECT_EQ(credits.released(0), 1u);  // before the wake frame was sent
+  EXPECT_EQ(credits.released(1), 0u);
   send(MessageType::health, 2, "{}");
   EXPECT_EQ(next().type, static_cast<uint16_t>(MessageType::health_ok));
   fs::remove_all(dir);

@@ -464,6 +464,89 @@ TEST(SessionRings, PushAcksWaitInOrderUntilThePlaneReleasedTheirSlots) {
   io.run_for(std::chrono::milliseconds(50));
 }
 
+// A shm session releases its tx slots in the segment's credit words, through a client's own
+// mapping: no push_ack at all while the pusher does not sleep; one push_ack naming kWakeSlot for
+// a pusher that asked to be woken, and then none again.
+TEST(SessionRings, AShmSessionReleasesSlotsInItsSegmentAndWakesOnlyASleeper) {
+  using transport::MessageType;
+  SessionOnPair pair([](const auto&, transport::Frame) {}, [](const auto&, const std::string&) {});
+  auto& [io, client_side, session] = pair;
+  transport::SegmentLayout layout{2, 2, 4096};
+  auto plane = make_shm_plane(layout);
+  ASSERT_TRUE(plane->releases_in_segment());
+  transport::HelloOk ok;
+  plane->describe(ok);
+  const auto client = transport::ShmSegment::open_and_unlink(ok.shm_name, layout);
+  auto credits = client.tx_credits();
+  session->use_plane(std::move(plane));
+
+  session->ack_push(0);
+  session->ack_push(1);
+  session->ack_push(0);
+  io.run_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(credits.released(0), 2u);
+  EXPECT_EQ(credits.released(1), 1u);
+  EXPECT_EQ(client_side.available(), 0u) << "no frame for a pusher that does not sleep";
+
+  credits.ask_wake();
+  session->ack_push(1);
+  session->ack_push(1);
+  io.run_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(credits.released(1), 3u);
+  std::array<std::byte, 64> buf;
+  transport::FrameDecoder decoder;
+  decoder.feed(buf.data(), client_side.read_some(asio::buffer(buf)));
+  const auto wake = decoder.next();
+  ASSERT_TRUE(wake.has_value());
+  EXPECT_EQ(wake->type, static_cast<uint16_t>(MessageType::push_ack));
+  EXPECT_EQ(transport::decode<transport::SlotAck>(wake->payload).slot, transport::kWakeSlot);
+  EXPECT_FALSE(decoder.next().has_value());
+  EXPECT_EQ(client_side.available(), 0u) << "one wake per request";
+  session->close("done");
+  io.run_for(std::chrono::milliseconds(50));
+}
+
+// A plane that releases in its segment but whose reads of a slot still run (a shm chunk's copy
+// onto a GPU server's device): the slots are released in the order of the acks, each once its
+// reads are done, polled; a release waits behind an earlier one still running.
+TEST(SessionRings, SegmentReleasesWaitInOrderUntilThePlaneReadTheirSlots) {
+  SessionOnPair pair([](const auto&, transport::Frame) {}, [](const auto&, const std::string&) {});
+  auto& [io, client_side, session] = pair;
+  struct SegmentPlane final : ServerPlane {
+    std::map<uint32_t, bool> done;
+    std::vector<uint32_t> released;
+    transport::DataPlane kind() const override { return transport::DataPlane::shm; }
+    void describe(transport::HelloOk&) const override {}
+    uint32_t rx_slots() const override { return 1; }
+    Contribution receive(uint32_t, int64_t, transport::DType) override { return {}; }
+    void read_received(uint32_t, void*, size_t) override {}
+    void end_receive(uint32_t) override {}
+    bool slot_released(uint32_t slot) override { return done[slot]; }
+    bool releases_in_segment() const override { return true; }
+    bool release_slot(uint32_t slot) override {
+      released.push_back(slot);
+      return false;
+    }
+    AfterFrame write_host(uint32_t, const std::byte*, size_t, transport::DType) override {
+      return {};
+    }
+  };
+  auto owned = std::make_unique<SegmentPlane>();
+  SegmentPlane& plane = *owned;
+  session->use_plane(std::move(owned));
+  plane.done[1] = true;
+  session->ack_push(0);  // its copy still runs
+  session->ack_push(1);  // done, but behind slot 0
+  io.run_for(std::chrono::milliseconds(50));
+  EXPECT_TRUE(plane.released.empty());
+  plane.done[0] = true;
+  io.run_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(plane.released, (std::vector<uint32_t>{0, 1}));
+  EXPECT_EQ(client_side.available(), 0u);
+  session->close("done");
+  io.run_for(std::chrono::milliseconds(50));
+}
+
 // The shared-memory plane, through a client's own mapping of its segment (as the client library
 // maps it): a pushed chunk is read where it lies, fp32 and bf16 (the store widens bf16 exactly);
 // an update's bytes land in the rx slot the client reads; closing unlinks a name no client

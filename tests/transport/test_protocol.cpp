@@ -62,7 +62,8 @@ TEST(Frame, BadHeadersAreRefusedAndTheDecoderStaysFailed) {
   auto v9 = good;
   v9[4] = std::byte{9};
   expect_protocol_error([&] { decode_frame_header(v9.data()); },
-                        "protocol version mismatch: peer speaks 9, this build speaks 2");
+                        "protocol version mismatch: peer speaks 9, this build speaks " +
+                            std::to_string(kProtocolVersion));
   auto big = good;
   big[11] = std::byte{0x7f};
   expect_protocol_error([&] { decode_frame_header(big.data()); }, "exceeds the limit");

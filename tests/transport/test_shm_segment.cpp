@@ -66,12 +66,14 @@ TEST(ShmSegment, FullDevShmFailsCleanly) {
         ::mount("tmpfs", "/dev/shm", "tmpfs", 0, "size=1m,mode=1777") != 0) {
       ::_exit(20);
     }
+    const SegmentLayout layout{4, 4, 1 << 20};
     try {
-      ShmSegment::create(SegmentLayout{4, 4, 1 << 20});
+      ShmSegment::create(layout);
       ::_exit(11);
     } catch (const muon::Error& e) {
       const std::string what = e.what();
-      if (what.find("cannot reserve 8388608 bytes for shared-memory segment 'muon-") ==
+      if (what.find("cannot reserve " + std::to_string(layout.total_bytes()) +
+                    " bytes for shared-memory segment 'muon-") ==
               std::string::npos ||
           what.find("/dev/shm is full") == std::string::npos) {
         std::fprintf(stderr, "unexpected message: %s\n", what.c_str());
