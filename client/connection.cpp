@@ -87,7 +87,8 @@ Connection::Connection(std::string endpoint, int rank, int world_size,
     auto plane = make_client_plane(ok, path_, op_timeout);
     std::lock_guard lk(mu_);
     plane_ = std::move(plane);
-    slot_bytes_ = ok.slot_bytes;
+    chunk_bytes_ = ok.data_plane == transport::DataPlane::shm ? transport::shm_chunk_bytes(ok.slot_bytes)
+                                                              : ok.slot_bytes;
     crash_note_ = crash_note(ok);
     if (!ok.server_version.empty()) snapshot_config_.emplace(ok.snapshot_path, ok.snapshot_every);
     tx_credits_.assign(ok.tx_slots);
@@ -301,7 +302,7 @@ int64_t Connection::push_device(const std::string& name, int64_t step, int64_t o
 int64_t Connection::push_chunks(const std::string& name, int64_t step, int64_t offset,
                                 int64_t count, size_t elem_bytes, transport::ChunkKind kind,
                                 const ChunkMoves& moves) {
-  const int64_t per_slot = static_cast<int64_t>(slot_bytes_ / elem_bytes);
+  const int64_t per_slot = static_cast<int64_t>(chunk_bytes_ / elem_bytes);
   const uint32_t attempt = attempt_of(name, step);
   const uint32_t param_id = wire_id(name, kind);
   int64_t frames = 0;

@@ -6,6 +6,7 @@
 #include "core/error.hpp"
 #include "daemon/log.hpp"
 #include "transport/endpoint.hpp"
+#include "transport/shm_segment.hpp"
 
 namespace muon::daemon {
 
@@ -168,7 +169,8 @@ void PeerLink::on_hello(const transport::Frame& f) {
   }
   credits_.assign(ok.tx_slots);
   if (auto words = plane_->tx_credit_words()) credits_.use_segment(*words);
-  slot_bytes_ = ok.slot_bytes;
+  chunk_bytes_ = ok.data_plane == transport::DataPlane::shm ? transport::shm_chunk_bytes(ok.slot_bytes)
+                                                            : ok.slot_bytes;
   if (events_.connected) events_.connected(ok);
   pump();
 }
@@ -348,7 +350,7 @@ bool PeerLink::frame_chunks(Op& op) {
   }
   const auto end = op.end;
   const size_t esize = transport::dtype_bytes(op.dtype);
-  const int64_t per_slot = static_cast<int64_t>(slot_bytes_ / esize);
+  const int64_t per_slot = static_cast<int64_t>(chunk_bytes_ / esize);
   // An empty push still says so in one frame (count 0), as the trainer's client does.
   bool framed_empty = false;
   while (op.sent < op.count || (op.count == 0 && !framed_empty)) {

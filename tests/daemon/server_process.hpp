@@ -4,6 +4,7 @@
 
 #include "transport/asio.hpp"
 
+#include <algorithm>
 #include <array>
 #include <filesystem>
 #include <fstream>
@@ -54,9 +55,13 @@ class ServerProcess {
   ServerProcess(const fs::path& dir, std::vector<std::string> extra = {},
                 const std::string& name = "s")
       : socket_((dir / (name + ".sock")).string()) {
-    std::vector<std::string> argv = {
-        MUON_OFFLOADD, "--socket", socket_,      "--threads", std::to_string(kThreads),
-        "--log-level", "warn",     "--slot-kib", "64"};
+    std::vector<std::string> argv = {MUON_OFFLOADD, "--socket",    socket_,
+                                     "--threads",   std::to_string(kThreads), "--log-level",
+                                     "warn"};
+    // Small slots (many chunks per tensor) unless the test sizes them itself.
+    if (std::find(extra.begin(), extra.end(), "--slot-kib") == extra.end()) {
+      argv.insert(argv.end(), {"--slot-kib", "64"});
+    }
     argv.insert(argv.end(), extra.begin(), extra.end());
     pid_ = spawn(argv);
     wait_healthy();

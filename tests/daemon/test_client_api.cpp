@@ -191,6 +191,38 @@ TEST(ClientApi, RepeatedPushesWithinAStepAccumulate) {
   fs::remove_all(dir);
 }
 
+// On the shm data plane a push is cut into chunks of at most 1 MiB whatever the server's slot
+// size (transport::kShmChunkBytes: cache-sized chunks pipeline, bench/README.md): 3,072,000
+// fp32 elements into 4 MiB slots go as 12 chunks, not 3, and the step is bitwise the reference.
+TEST(ClientApi, ShmPushesGoInChunksOfAtMostOneMebibyte) {
+  const auto dir = temp_dir();
+  ServerProcess server(dir, {"--slot-kib", "4096"});
+  client::Connection conn(server.socket(), 0, 1, "chunk test", 5000ms, 60000ms);
+  auto reg = one_param("w", {750, 64, 64});
+  const int64_t n = 750 * 64 * 64;
+  transport::RegisterParam m;
+  m.name = reg.name;
+  m.shape = reg.shape;
+  m.grad_dtype = reg.grad_dtype;
+  m.update_dtype = reg.update_dtype;
+  m.options = reg.options;
+  m.push = reg.push;
+  m.want = reg.want;
+  conn.wait_register(conn.send_register(m), "w");
+  conn.expect_updates("w", reg.want, 4);
+  Reference ref(reg);
+  const auto g = gradient(n, 0);
+  const int64_t frames = conn.push("w", 0, 0, reinterpret_cast<const std::byte*>(g.data()), n, 4,
+                                   transport::ChunkKind::gradient);
+  EXPECT_EQ(frames, (n * 4 + (1 << 20) - 1) / (1 << 20));
+  EXPECT_EQ(frames, 12);
+  conn.commit("w", 0);
+  std::vector<float> u(static_cast<size_t>(n));
+  ASSERT_TRUE(conn.wait_update("w", 0, reinterpret_cast<std::byte*>(u.data())));
+  EXPECT_TRUE(same_bits(u, ref.step(g)));
+  fs::remove_all(dir);
+}
+
 TEST(ClientApi, Bf16GradientsAndUpdatesOnTheWire) {
   const auto dir = temp_dir();
   ServerProcess server(dir);
