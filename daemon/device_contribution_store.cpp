@@ -42,10 +42,10 @@ class DeviceContributionStore final : public ContributionStore {
     const auto* src = static_cast<const std::byte*>(values.data) + esize * first;
     StreamHandle stream = values.stream != nullptr ? values.stream : reduce_;
     if (!values.device) {
-      // A shared-memory slot: the client rewrites it once acked, so its push_ack waits until the
-      // copy out of it is done: the copy's fence (an event right after it, recorded before the
-      // stream waits for the buffer, so not behind the reduction) is polled on the io thread
-      // (ShmPlane::slot_released, Session::ack_push), never waited for (gpu-review F10). Whether
+      // A shared-memory slot: the client rewrites it once released, so its release waits until
+      // the copy out of it is done: the copy's fence (an event right after it, recorded before
+      // the stream waits for the buffer, so not behind the reduction) is polled on the io thread
+      // (ShmPlane::slot_released, Session::release_slots), never waited for (gpu-review F10). Whether
       // cudaMemcpyAsync from pageable memory returns before the copy is done depends on the
       // platform (the CUDA "API synchronization behavior" page: it "might be synchronous"; with
       // ATS on Grace it can be truly asynchronous), so the fence is explicit. staging_ is reused

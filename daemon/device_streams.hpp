@@ -4,7 +4,7 @@
 //
 //   receive  1/session (io)  slot ready, used -> slot added into its rank's buffer -> used,
 //                            slot free
-//   shm      1 (io)          host slot -> staging -> its fence (polled before the push_ack);
+//   shm      1 (io)          host slot -> staging -> its fence (polled before the slot's release);
 //                            used -> staging added into its rank's buffer -> used
 //   reduce   1 (io)          a step's last commit: every rank's used -> ranks summed in order
 //                            into the gradient -> used, grad_ready

@@ -30,6 +30,23 @@ void expect_server_error(F&& f, const std::string& code, const std::string& need
   }
 }
 
+// Registers `reg` (fp32 updates) straight through a connection, below Client's own checks, so
+// that the server's checks are what answer; returns the message sent.
+transport::RegisterParam register_on(client::Connection& conn,
+                                     const client::ParameterRegistration& reg) {
+  transport::RegisterParam m;
+  m.name = reg.name;
+  m.shape = reg.shape;
+  m.grad_dtype = reg.grad_dtype;
+  m.update_dtype = reg.update_dtype;
+  m.options = reg.options;
+  m.push = reg.push;
+  m.want = reg.want;
+  conn.wait_register(conn.send_register(m), reg.name);
+  conn.expect_updates(reg.name, reg.want, 4);
+  return m;
+}
+
 }  // namespace
 
 TEST(ClientApi, BadRequestsNameTheParameterAndTheSessionLivesOn) {
@@ -39,16 +56,7 @@ TEST(ClientApi, BadRequestsNameTheParameterAndTheSessionLivesOn) {
   client::Connection conn(server.socket(), 0, 1, "api test", 5000ms, 20000ms);
   auto reg = one_param("w", {16, 24});
   const int64_t n = 16 * 24;
-  transport::RegisterParam m;
-  m.name = reg.name;
-  m.shape = reg.shape;
-  m.grad_dtype = reg.grad_dtype;
-  m.update_dtype = reg.update_dtype;
-  m.options = reg.options;
-  m.push = reg.push;
-  m.want = reg.want;
-  conn.wait_register(conn.send_register(m), "w");
-  conn.expect_updates("w", reg.want, 4);
+  const auto m = register_on(conn, reg);
   Reference ref(reg);
   auto push = [&](const std::string& name, int64_t step, int64_t offset,
                   const std::vector<float>& v) {
@@ -200,16 +208,7 @@ TEST(ClientApi, ShmPushesGoInChunksOfAtMostOneMebibyte) {
   client::Connection conn(server.socket(), 0, 1, "chunk test", 5000ms, 60000ms);
   auto reg = one_param("w", {750, 64, 64});
   const int64_t n = 750 * 64 * 64;
-  transport::RegisterParam m;
-  m.name = reg.name;
-  m.shape = reg.shape;
-  m.grad_dtype = reg.grad_dtype;
-  m.update_dtype = reg.update_dtype;
-  m.options = reg.options;
-  m.push = reg.push;
-  m.want = reg.want;
-  conn.wait_register(conn.send_register(m), "w");
-  conn.expect_updates("w", reg.want, 4);
+  register_on(conn, reg);
   Reference ref(reg);
   const auto g = gradient(n, 0);
   const int64_t frames = conn.push("w", 0, 0, reinterpret_cast<const std::byte*>(g.data()), n, 4,
