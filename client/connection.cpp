@@ -87,8 +87,7 @@ Connection::Connection(std::string endpoint, int rank, int world_size,
     auto plane = make_client_plane(ok, path_, op_timeout);
     std::lock_guard lk(mu_);
     plane_ = std::move(plane);
-    chunk_bytes_ = ok.data_plane == transport::DataPlane::shm ? transport::shm_chunk_bytes(ok.slot_bytes)
-                                                              : ok.slot_bytes;
+    chunk_bytes_ = transport::push_chunk_bytes(ok);
     crash_note_ = crash_note(ok);
     if (!ok.server_version.empty()) snapshot_config_.emplace(ok.snapshot_path, ok.snapshot_every);
     tx_credits_.assign(ok.tx_slots);

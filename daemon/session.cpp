@@ -115,10 +115,14 @@ void Session::ack_push(uint32_t slot) {
   }
   std::function<bool()> released;
   if (plane_) released = [this, slot] { return !plane_ || plane_->slot_released(slot); };
+  send_push_ack(slot, std::move(released));
+}
+
+void Session::send_push_ack(uint32_t slot, std::function<bool()> ready) {
   enqueue({transport::encode_frame(Frame{static_cast<uint16_t>(MessageType::push_ack), 0,
                                          transport::encode(transport::SlotAck{slot})}),
            {},
-           std::move(released)});
+           std::move(ready)});
 }
 
 void Session::release_slots() {
@@ -134,12 +138,7 @@ void Session::release_slots() {
     data_plane_failed(e.what());
     return;
   }
-  if (wake) {
-    enqueue({transport::encode_frame(Frame{static_cast<uint16_t>(MessageType::push_ack), 0,
-                                           transport::encode(transport::SlotAck{transport::kWakeSlot})}),
-             {},
-             {}});
-  }
+  if (wake) send_push_ack(transport::kWakeSlot, {});
   if (unreleased_.empty() || release_polling_) return;
   if (!release_timer_) release_timer_ = std::make_unique<asio::steady_timer>(socket_.get_executor());
   release_polling_ = true;

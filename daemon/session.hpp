@@ -148,6 +148,9 @@ class Session : public std::enable_shared_from_this<Session> {
   /// sends one wake push_ack if the pusher asked for it, and polls again after kGatePoll while
   /// some are left.
   void release_slots();
+  /// Queues a push_ack naming `slot` (kWakeSlot: a wake-up), written once `ready` says yes
+  /// (empty: now).
+  void send_push_ack(uint32_t slot, std::function<bool()> ready);
   /// A write into a result slot, or the transfer after its frame, failed (a CUDA or NCCL
   /// error): error frame, then close.
   void data_plane_failed(const std::string& what);

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "kernels/muon_option_fields.hpp"
+#include "transport/shm_segment.hpp"
 
 namespace muon::transport {
 namespace {
@@ -222,6 +223,10 @@ std::string encode(const Hello& m) {
   if (m.replica_server >= 0) j["replica_server"] = m.replica_server;
   return j.dump();
 }
+uint64_t push_chunk_bytes(const HelloOk& ok) {
+  return ok.data_plane == DataPlane::shm ? std::min(ok.slot_bytes, kShmChunkBytes) : ok.slot_bytes;
+}
+
 std::string encode(const HelloOk& m) {
   json j{{"session", m.session},   {"server_version", m.server_version},
          {"shm_name", m.shm_name}, {"tx_slots", m.tx_slots},

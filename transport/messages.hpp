@@ -129,6 +129,10 @@ struct HelloOk {
   int64_t snapshot_every = 0;
 };
 
+/// The most bytes one push chunk carries in the session `ok` describes: a slot, and on shm at
+/// most transport::kShmChunkBytes (1 MiB; transport/shm_segment.hpp says why).
+uint64_t push_chunk_bytes(const HelloOk& ok);
+
 struct HealthOk {
   bool ready = true;
   int sessions = 0;

@@ -30,15 +30,12 @@ struct SegmentLayout {
   uint64_t total_bytes() const { return ring_bytes() + ShmCreditWords::bytes(tx_slots); }
 };
 
-/// Largest chunk a sender puts into one shm slot: 1 MiB, whatever the slot size. A chunk is
-/// copied in by one core and out by another; at 1 MiB the eight chunks in flight stay in the
-/// last-level cache, while 4 MiB chunks (32 MiB in flight) go out to memory and back and halve
-/// the rate (bench/README.md, transport rows). Smaller chunks cost more hand-offs.
+/// Largest chunk a sender puts into one shm slot: 1 MiB, whatever the slot size
+/// (transport::push_chunk_bytes). A chunk is copied in by one core and out by another; at 1 MiB
+/// the eight chunks in flight stay in the last-level cache, while 4 MiB chunks (32 MiB in
+/// flight) go out to memory and back (bench/README.md, transport rows). Smaller chunks cost more
+/// hand-offs.
 inline constexpr uint64_t kShmChunkBytes = 1u << 20;
-/// The bytes of each chunk a sender writes into slots of `slot_bytes` on the shm data plane.
-inline uint64_t shm_chunk_bytes(uint64_t slot_bytes) {
-  return slot_bytes < kShmChunkBytes ? slot_bytes : kShmChunkBytes;
-}
 
 /// A mapped segment. Move-only; unmaps on destruction. Throws muon::Error on any OS failure with
 /// the segment name and errno text.

@@ -6,7 +6,6 @@
 #include "core/error.hpp"
 #include "daemon/log.hpp"
 #include "transport/endpoint.hpp"
-#include "transport/shm_segment.hpp"
 
 namespace muon::daemon {
 
@@ -169,8 +168,7 @@ void PeerLink::on_hello(const transport::Frame& f) {
   }
   credits_.assign(ok.tx_slots);
   if (auto words = plane_->tx_credit_words()) credits_.use_segment(*words);
-  chunk_bytes_ = ok.data_plane == transport::DataPlane::shm ? transport::shm_chunk_bytes(ok.slot_bytes)
-                                                            : ok.slot_bytes;
+  chunk_bytes_ = transport::push_chunk_bytes(ok);
   if (events_.connected) events_.connected(ok);
   pump();
 }
