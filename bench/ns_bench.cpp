@@ -255,6 +255,8 @@ void register_cuda() {
     }
   }
 }
+#else
+void register_cuda() {}  // built without CUDA: no GPU rows
 #endif
 
 }  // namespace
@@ -263,9 +265,7 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   register_cpu();
-#ifdef MUON_HAVE_CUDA
   register_cuda();
-#endif
   muon::make_backend("cpu", {.cpu_threads = cpu_threads()});  // OpenBLAS thread count for context
   benchmark::AddCustomContext("openblas", muon::bench::openblas_description());
   benchmark::AddCustomContext("newton_schulz",

@@ -20,6 +20,9 @@
 #include <cuda_runtime_api.h>
 
 #include "core/cuda_check.hpp"
+constexpr bool kCudaBuild = true;
+#else
+constexpr bool kCudaBuild = false;
 #endif
 
 using namespace muon;
@@ -113,10 +116,7 @@ void write_error(const Args& a, const client::ServerError& e) {
 class DeviceStaging {
  public:
   explicit DeviceStaging(bool on) {
-    if (!on) return;
-#if !defined(MUON_HAVE_CUDA)
-    throw muon::BackendUnavailable("--device-buffers needs a CUDA build");
-#endif
+    if (on && !kCudaBuild) throw muon::BackendUnavailable("--device-buffers needs a CUDA build");
   }
   DeviceStaging(const DeviceStaging&) = delete;
   DeviceStaging& operator=(const DeviceStaging&) = delete;

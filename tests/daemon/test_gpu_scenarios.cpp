@@ -14,6 +14,7 @@
 #include "client_runs.hpp"
 #include "kernels/device_probe.hpp"
 #include "process.hpp"
+#include "require_gpu.hpp"
 #include "scenario.hpp"
 #include "server_process.hpp"
 
@@ -24,16 +25,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-#if defined(MUON_HAVE_CUDA)
-#define REQUIRE_GPU()                                               \
-  do {                                                              \
-    if (const auto why = cuda_unavailable_reason(); !why.empty()) { \
-      GTEST_SKIP() << why;                                          \
-    }                                                               \
-  } while (0)
-#else
-#define REQUIRE_GPU() GTEST_SKIP() << "built without CUDA"
-#endif
 
 std::vector<std::string> with(std::vector<std::string> args, const std::vector<std::string>& more) {
   args.insert(args.end(), more.begin(), more.end());

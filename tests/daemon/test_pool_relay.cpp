@@ -12,6 +12,7 @@
 #include "client_runs.hpp"
 #include "kernels/device_probe.hpp"
 #include "process.hpp"
+#include "require_gpu.hpp"
 #include "scenario.hpp"
 #include "server_process.hpp"
 
@@ -172,11 +173,7 @@ INSTANTIATE_TEST_SUITE_P(Modes, PoolRelay, ::testing::Values("replicated", "rows
 // reads its domain's partial sum back to the host and writes the owner's update into device
 // memory before returning it), ranks on CUDA IPC pushing from and receiving into device memory.
 TEST(PoolRelayGpu, RelayedUpdatesOnTheGpuDataPlaneAreBitwiseTheTreeReduction) {
-#if defined(MUON_HAVE_CUDA)
-  if (const auto why = cuda_unavailable_reason(); !why.empty()) GTEST_SKIP() << why;
-#else
-  GTEST_SKIP() << "built without CUDA";
-#endif
+  REQUIRE_GPU();
   Pool pool;
   ServerProcess s0(pool.dir, pool.args(0, {"--backend", "cuda"}), "pool0");
   ServerProcess s1(pool.dir, pool.args(1, {"--backend", "cuda"}), "pool1");

@@ -14,6 +14,7 @@
 #include "client_runs.hpp"
 #include "kernels/device_probe.hpp"
 #include "process.hpp"
+#include "require_gpu.hpp"
 #include "scenario.hpp"
 #include "server_process.hpp"
 #include "transport/frame.hpp"
@@ -73,11 +74,7 @@ INSTANTIATE_TEST_SUITE_P(
 // bitwise equal to the CUDA backend run in process on the same reduced gradients. In the
 // replicated job rank 1 stays on shm with host buffers: both planes served by one GPU server.
 TEST(ServerIntegrationGpu, RankProcessesOverCudaIpcAreBitwiseTheCudaKernels) {
-#if defined(MUON_HAVE_CUDA)
-  if (const auto why = cuda_unavailable_reason(); !why.empty()) GTEST_SKIP() << why;
-#else
-  GTEST_SKIP() << "built without CUDA";
-#endif
+  REQUIRE_GPU();
   const auto dir = temp_dir();
   for (const std::string mode : {"flat_uneven", "replicated"}) {
     ServerProcess server(dir, {"--backend", "cuda"}, "gpu_" + mode);  // fresh momentum per job
@@ -103,11 +100,7 @@ TEST(ServerIntegrationGpu, RankProcessesOverCudaIpcAreBitwiseTheCudaKernels) {
 // peer_lost naming it well before the step timeout, the server still answers, and a rerun of
 // the lost step by both ranks over cuda_ipc is bitwise the uninterrupted run.
 TEST(ServerIntegrationGpu, CudaIpcRankKilledMidPushLeavesTheServerServing) {
-#if defined(MUON_HAVE_CUDA)
-  if (const auto why = cuda_unavailable_reason(); !why.empty()) GTEST_SKIP() << why;
-#else
-  GTEST_SKIP() << "built without CUDA";
-#endif
+  REQUIRE_GPU();
   const auto dir = temp_dir();
   const std::string mode = "flat_uneven";
   const std::vector<std::string> ipc = {"--data-plane", "cuda_ipc", "--device-buffers"};
