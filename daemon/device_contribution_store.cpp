@@ -45,9 +45,9 @@ class DeviceContributionStore final : public ContributionStore {
       // A shared-memory slot: the client rewrites it once released, so its release waits until
       // the copy out of it is done: the copy's fence (an event right after it, recorded before
       // the stream waits for the buffer, so not behind the reduction) is polled on the io thread
-      // (ShmPlane::slot_released, Session::release_slots), never waited for (gpu-review F10). Whether
-      // cudaMemcpyAsync from pageable memory returns before the copy is done depends on the
-      // platform (the CUDA "API synchronization behavior" page: it "might be synchronous"; with
+      // (ShmPlane::slot_released, Session::release_slots), never waited for (gpu-review F10).
+      // Whether cudaMemcpyAsync from pageable memory returns before the copy is done depends on
+      // the platform (the CUDA "API synchronization behavior" page: it "might be synchronous"; with
       // ATS on Grace it can be truly asynchronous), so the fence is explicit. staging_ is reused
       // by the next chunk's copy on the same stream, after this chunk's reduction (stream
       // order); growing it frees the old block, and cudaFree waits for the work that reads it.

@@ -1,7 +1,8 @@
 // The GPU data plane's copies out of host memory (shm chunks staged onto the device, on the shm
 // stream, daemon/device_streams.hpp), numbered in the order they were enqueued, and whether the
 // GPU has done them. The io thread releases a shm chunk's slot once its copy is done, polled
-// (Session::release_slots), instead of waiting for it. Only for files built with CUDA; io thread only.
+// (Session::release_slots), instead of waiting for it. Only for files built with CUDA; io thread
+// only.
 #pragma once
 
 #include <cstdint>

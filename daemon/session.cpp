@@ -140,7 +140,9 @@ void Session::release_slots() {
   }
   if (wake) send_push_ack(transport::kWakeSlot, {});
   if (unreleased_.empty() || release_polling_) return;
-  if (!release_timer_) release_timer_ = std::make_unique<asio::steady_timer>(socket_.get_executor());
+  if (!release_timer_) {
+    release_timer_ = std::make_unique<asio::steady_timer>(socket_.get_executor());
+  }
   release_polling_ = true;
   release_timer_->expires_after(kGatePoll);
   release_timer_->async_wait([self = shared_from_this()](boost::system::error_code ec) {

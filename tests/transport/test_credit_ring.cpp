@@ -109,7 +109,9 @@ using muon::transport::ShmCreditWords;
 // A credit block in (zeroed) process memory, as the server's fresh tmpfs pages are.
 struct Block {
   explicit Block(uint32_t slots) : bytes(ShmCreditWords::bytes(slots) / 8, 0), slots(slots) {}
-  ShmCreditWords words() { return ShmCreditWords(reinterpret_cast<std::byte*>(bytes.data()), slots); }
+  ShmCreditWords words() {
+    return ShmCreditWords(reinterpret_cast<std::byte*>(bytes.data()), slots);
+  }
   std::vector<uint64_t> bytes;  // 8-byte aligned storage
   uint32_t slots;
 };
