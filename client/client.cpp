@@ -109,6 +109,18 @@ Connection& Client::owner(const std::string& name) {
   return connection(static_cast<size_t>(registration(name).server));
 }
 
+transport::RegisterParam register_message(const ParameterRegistration& p) {
+  transport::RegisterParam m;
+  m.name = p.name;
+  m.shape = p.shape;
+  m.grad_dtype = p.grad_dtype;
+  m.update_dtype = p.update_dtype;
+  m.options = p.options;
+  m.push = p.push;
+  m.want = p.want;
+  return m;
+}
+
 void Client::register_parameters(const std::vector<ParameterRegistration>& params) {
   std::vector<std::pair<size_t, uint32_t>> sent;
   for (const auto& p : params) {
@@ -119,14 +131,7 @@ void Client::register_parameters(const std::vector<ParameterRegistration>& param
     }
     // Packed: every chunk of this rank is addressed by packed position, so a column block (a
     // row range x a column range: one range per row) is one push and one update.
-    transport::RegisterParam m;
-    m.name = p.name;
-    m.shape = p.shape;
-    m.grad_dtype = p.grad_dtype;
-    m.update_dtype = p.update_dtype;
-    m.options = p.options;
-    m.push = p.push;
-    m.want = p.want;
+    transport::RegisterParam m = register_message(p);
     m.job = config_.job;
     m.resume = config_.resume;
     m.packed = true;

@@ -97,6 +97,10 @@ struct ParameterRegistration {
   int server = 0;                      ///< owner server: index into ClientConfig::servers
 };
 
+/// The register_param message of `p` as it stands alone: unpacked, no job, not resuming (the
+/// Client adds its job, its resume flag and packing; tests send it by hand).
+transport::RegisterParam register_message(const ParameterRegistration& p);
+
 /// What this rank saw of one optimizer step: the figures accumulated since the previous
 /// report_step (or since the client was created).
 struct StepStats {

@@ -30,24 +30,11 @@ void expect_server_error(F&& f, const std::string& code, const std::string& need
   }
 }
 
-// The register_param message of `reg` (unpacked, no job), as a test sends it by hand.
-transport::RegisterParam register_message(const client::ParameterRegistration& reg) {
-  transport::RegisterParam m;
-  m.name = reg.name;
-  m.shape = reg.shape;
-  m.grad_dtype = reg.grad_dtype;
-  m.update_dtype = reg.update_dtype;
-  m.options = reg.options;
-  m.push = reg.push;
-  m.want = reg.want;
-  return m;
-}
-
 // Registers `reg` (fp32 updates) straight through a connection, below Client's own checks, so
 // that the server's checks are what answer; returns the message sent.
 transport::RegisterParam register_on(client::Connection& conn,
                                      const client::ParameterRegistration& reg) {
-  const auto m = register_message(reg);
+  const auto m = client::register_message(reg);
   conn.wait_register(conn.send_register(m), reg.name);
   conn.expect_updates(reg.name, reg.want, 4);
   return m;
@@ -516,7 +503,7 @@ TEST(ClientApi, RegistrationTimeoutSaysWhyTheMissingRankWasRefused) {
   client::Connection r0(server.socket(), 0, 2, "api test 0", 5000ms, 20000ms);
   client::Connection r1(server.socket(), 1, 2, "api test 1", 5000ms, 20000ms);
   auto reg = one_param("w", {16, 24});
-  const auto m = register_message(reg);
+  const auto m = client::register_message(reg);
   auto other = m;
   other.shape = {24, 16};
   // Rank 0 registers [16, 24], rank 1 [24, 16], over two sockets: whichever registration the
