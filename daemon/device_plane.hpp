@@ -11,9 +11,12 @@
 // commit sums the ranks on the reduce stream (after every rank's last chunk, by events) and
 // records grad_ready; the worker's compute stream runs the Muon step (kernels/device_muon.hpp);
 // the return stream copies updates into result slots. The control plane's credits say who may
-// use which slot; the events only order GPU work. The io thread's blocking copies (momentum,
-// update read-back, fills) run on a host stream that waits on nothing of a client's, except a
-// momentum load (it waits for that client's write of its slot); a result chunk that waited for
+// use which slot; the events only order GPU work. The server's copies between a parameter and
+// host memory (update and gradient read-backs, momentum both ways, an owner's update) go through
+// page-locked blocks on the reduce and return streams and complete through the Engine's
+// CompletionQueue: the io thread never waits for them. The waited-for copies left (fills at
+// make_param, the tests' reads, a cuda_ipc momentum load's slot) run on a host stream that
+// waits on nothing of a client's but that load's slot; a result chunk that waited for
 // a credit is copied from host memory on a staging stream that waits only for the slot's
 // previous reader. The reduction order and grouping are the host's (daemon/step_reducer.hpp),
 // so the reduced gradient is bitwise the CPU server's; the Newton-Schulz is the CUDA backend's.
@@ -42,6 +45,7 @@ namespace muon::daemon {
 class StepReducer;
 class StepRunner;
 class ParamStorage;
+class CompletionQueue;
 struct NsJob;
 
 /// Start-up settings of the GPU data plane (flags of muon-offloadd).
@@ -90,9 +94,11 @@ class DevicePlane {
   /// Device buffers for a parameter of `numel` fp32 elements (momentum only when `momentum`),
   /// zero-filled. Throws DeviceError (e.g. out of memory).
   DeviceParamPtr make_param(int64_t numel, bool momentum);
-  /// A parameter's ParamStorage on this plane (make_param's buffers behind the calls below);
-  /// it must not outlive the plane. Throws DeviceError.
-  std::unique_ptr<ParamStorage> make_storage(int64_t numel, bool momentum);
+  /// A parameter's ParamStorage on this plane (make_param's buffers behind the calls below),
+  /// whose copies to the host complete through `completions` (polled on the io thread); it
+  /// must outlive neither the plane nor `completions`. Throws DeviceError.
+  std::unique_ptr<ParamStorage> make_storage(int64_t numel, bool momentum,
+                                             CompletionQueue& completions);
   /// A contribution store in device memory: chunks added on the stream their Contribution names
   /// (a session's receive stream; host chunks staged on the shm stream, each copy fenced:
   /// host_copies_done), the reduction on the reduce stream.
@@ -101,18 +107,39 @@ class DevicePlane {
   /// reduce stream (after every rank's last chunk) and records grad_ready. Throws as
   /// StepReducer::reduce, DeviceError.
   void reduce(StepReducer& reducer, DeviceParamState& param);
-  /// Copies momentum[offset, offset + count) to/from host fp32 (blocking; io thread, only while
-  /// the parameter is not computing). Throws DeviceError.
+  /// Copies momentum[offset, offset + count) to/from host fp32, and update[offset, offset +
+  /// count) to host fp32, waited for (tests and tools; the server uses the copies below).
+  /// Throws DeviceError.
   void read_momentum(const DeviceParamState& param, int64_t offset, int64_t count, float* out);
   void write_momentum(DeviceParamState& param, int64_t offset, const float* in, int64_t count);
-  /// Copies update[offset, offset + count) to host fp32 (blocking; the last finished step's).
   void read_update(const DeviceParamState& param, int64_t offset, int64_t count, float* out);
-  /// Relayed parameters (daemon/pool/relay.hpp): the reduced gradient (numel fp32) to host memory
-  /// after its reduction (waits grad_ready; blocking), and an update from the owner (numel fp32)
-  /// into the parameter's update buffer once the previous one was returned (waits released;
-  /// blocking), so that send_update returns it like a computed one. Throw DeviceError.
-  void read_grad(DeviceParamState& param, float* out);
-  void write_update(DeviceParamState& param, const float* in);
+
+  // ---- copies between a parameter and host memory that never wait (io thread) ---------------
+  /// Whether a copy enqueued below is done (cudaEventQuery after it; never waits; throws
+  /// DeviceError when it failed). It holds what the copy needs (its event) until dropped.
+  using CopyDone = std::function<bool()>;
+  /// `floats` fp32 of page-locked host memory for the copies below (pooled; daemon/pinned_blocks
+  /// .hpp): keep it until the copy's CopyDone said true. Throws DeviceError.
+  std::shared_ptr<float> pinned(int64_t floats);
+  /// Each copies into or out of page-locked `host` (numel fp32, or `count` from `offset`) and
+  /// returns at once; the stream says what it is ordered after, and what comes after it:
+  /// - read_momentum_async, write_momentum_async (reduce stream; only while the parameter is not
+  ///   computing): after the steps reduced before, before the next step's grad_ready, so the
+  ///   next Muon step sees a written momentum;
+  /// - read_grad_async (reduce stream): the gradient of the reduction just enqueued (relayed
+  ///   parameters, daemon/pool/relay.hpp);
+  /// - read_update_async (return stream): after the result slots' copies enqueued before it,
+  ///   before the `released` of the updates_enqueued() that follows;
+  /// - write_update_async (return stream): an update from the owner into the parameter's update
+  ///   buffer, after the copies out of the previous one, before those of this one (send_update
+  ///   returns it like a computed one).
+  /// Throw DeviceError, InvalidArgument (momentum of a parameter that keeps none).
+  CopyDone read_momentum_async(const DeviceParamState& param, float* host);
+  CopyDone write_momentum_async(DeviceParamState& param, int64_t offset, const float* host,
+                                int64_t count);
+  CopyDone read_grad_async(const DeviceParamState& param, float* host);
+  CopyDone read_update_async(const DeviceParamState& param, float* host);
+  CopyDone write_update_async(DeviceParamState& param, const float* host);
 
   // ---- sessions on the shm plane (io thread) -------------------------------------------------
   /// The fence of the latest copy of a shared-memory chunk onto the device (a contribution
@@ -198,6 +225,9 @@ class DevicePlane {
                      transport::DType dtype);
   /// `floats` fp32 values between host and device memory on the host stream, waited for.
   void copy_blocking(void* dst, const void* src, int64_t floats);
+  /// `floats` fp32 values between page-locked host and device memory on `stream` (one of
+  /// streams.reduce, streams.ret), then an event; the CopyDone queries it.
+  CopyDone copy_async(void* dst, const void* src, int64_t floats, StreamHandle stream);
   struct Impl;
   DevicePlaneConfig config_;
   std::unique_ptr<Impl> impl_;

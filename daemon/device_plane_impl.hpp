@@ -8,6 +8,7 @@
 #include "daemon/device_streams.hpp"
 #include "daemon/host_copy_fences.hpp"
 #include "daemon/nccl_session.hpp"
+#include "daemon/pinned_blocks.hpp"
 #include "daemon/owned_threads.hpp"
 #include "kernels/device_buffer.hpp"
 #include "kernels/device_event.hpp"
@@ -45,6 +46,7 @@ struct DevicePlane::Impl {
       : streams(c.priority), muon(DeviceMuonConfig{c.device, c.capture_graphs}) {}
   DeviceStreams streams;
   HostCopyFences host_copies;  // shm chunks staged on streams.shm (io thread)
+  PinnedBlocks pinned;         // the io thread's copies to and from the host that never wait
   DeviceMuon muon;             // the worker thread's only
 
   // The NCCL joining threads (join_nccl; each within its join timeout) and the nccl sessions'

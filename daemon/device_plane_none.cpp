@@ -31,7 +31,7 @@ DevicePlane::~DevicePlane() = default;
 DeviceParamPtr DevicePlane::make_param(int64_t, bool) {
   unavailable();
 }
-std::unique_ptr<ParamStorage> DevicePlane::make_storage(int64_t, bool) {
+std::unique_ptr<ParamStorage> DevicePlane::make_storage(int64_t, bool, CompletionQueue&) {
   unavailable();
 }
 std::unique_ptr<ContributionStore> DevicePlane::make_contribution_store() {
@@ -52,10 +52,26 @@ void DevicePlane::copy_blocking(void*, const void*, int64_t) {
 void DevicePlane::read_update(const DeviceParamState&, int64_t, int64_t, float*) {
   unavailable();
 }
-void DevicePlane::read_grad(DeviceParamState&, float*) {
+std::shared_ptr<float> DevicePlane::pinned(int64_t) {
   unavailable();
 }
-void DevicePlane::write_update(DeviceParamState&, const float*) {
+DevicePlane::CopyDone DevicePlane::copy_async(void*, const void*, int64_t, StreamHandle) {
+  unavailable();
+}
+DevicePlane::CopyDone DevicePlane::read_momentum_async(const DeviceParamState&, float*) {
+  unavailable();
+}
+DevicePlane::CopyDone DevicePlane::write_momentum_async(DeviceParamState&, int64_t, const float*,
+                                                        int64_t) {
+  unavailable();
+}
+DevicePlane::CopyDone DevicePlane::read_grad_async(const DeviceParamState&, float*) {
+  unavailable();
+}
+DevicePlane::CopyDone DevicePlane::read_update_async(const DeviceParamState&, float*) {
+  unavailable();
+}
+DevicePlane::CopyDone DevicePlane::write_update_async(DeviceParamState&, const float*) {
   unavailable();
 }
 uint64_t DevicePlane::host_copy_fence() const {

@@ -7,10 +7,15 @@
 //   shm      1 (io)          host slot -> staging -> its fence (polled before the slot's release);
 //                            used -> staging added into its rank's buffer -> used
 //   reduce   1 (io)          a step's last commit: every rank's used -> ranks summed in order
-//                            into the gradient -> used, grad_ready
+//                            into the gradient -> used, grad_ready [-> gradient read-back
+//                            (relayed)]; momentum to and from page-locked host blocks (so
+//                            before the next grad_ready)
 //   compute  1 (worker)      grad_ready, released -> momentum, Newton-Schulz, scale -> update
-//   ret      1 (io)          slot free -> update (or bf16) -> slot ready; -> released
-//   host     1 (io)          blocking copies: momentum, update read-back, fills (no client's event)
+//   ret      1 (io)          [owner's update from a host block ->] slot free -> update (or
+//                            bf16) -> slot ready; [-> update read-back to a host block] ->
+//                            released
+//   host     1 (io)          waited-for copies: fills, a cuda_ipc momentum load (no other
+//                            client's event)
 //   staging  1 (io)          slot free -> host chunk -> slot ready (result chunks that waited)
 //
 // A session's receive stream is its own, so a client that is slow to send (an nccl peer whose

@@ -169,7 +169,28 @@ Replicator& Engine::replicator() {
 }
 
 std::unique_ptr<ParamStorage> Engine::make_storage(int64_t numel, bool momentum) {
-  return device_ ? device_->make_storage(numel, momentum) : make_host_param_storage();
+  return device_ ? device_->make_storage(numel, momentum, completions_)
+                 : make_host_param_storage();
+}
+
+void Engine::poll_completions() {
+  if (completion_polling_) return;
+  completion_polling_ = true;
+  completion_timer_.expires_after(CompletionQueue::kPoll);
+  completion_timer_.async_wait([this, alive = std::weak_ptr<bool>(alive_)](
+                                   boost::system::error_code ec) {
+    if (ec || !alive.lock()) return;
+    completion_polling_ = false;
+    bool more = false;
+    try {
+      more = completions_.poll();
+    } catch (const std::exception& e) {  // a continuation's own failure: logged, the rest go on
+      log()->error("a step's copy from the GPU: {}", e.what());
+      metrics_.error(ErrorCode::internal);
+      more = completions_.pending() > 0;
+    }
+    if (more) poll_completions();
+  });
 }
 
 std::string Engine::rank_name(int rank) const {

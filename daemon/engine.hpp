@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/completion_queue.hpp"
 #include "daemon/device_plane.hpp"
 #include "daemon/metrics.hpp"
 #include "daemon/pool_routes.hpp"
@@ -122,8 +123,18 @@ class Engine {
   /// The open step's reducer, opened on the step's first chunk (phase gathering); null (after
   /// replying peer_lost to `s`) when a contributor is lost.
   StepReducer* start_gathering(const SessionPtr& s, const transport::Push& m, Param& p);
-  /// The host copy of a parameter's momentum, refreshed from the device on the GPU data plane.
-  const std::vector<float>& host_momentum(Param& p);
+  /// Refreshes p.momentum (the host copy of the momentum) from the device on the GPU data
+  /// plane, then calls `then` (at once on the host path; from completions_ on the device, and
+  /// only while p is registered with the same storage: else never). A failed copy is logged
+  /// and counted, and `then` gets false (the copy is then stale).
+  void with_host_momentum(const std::string& name, Param& p,
+                          std::function<void(Param&, bool fresh)> then);
+  /// The host copy of a parameter's momentum, refreshed and waited for: only where the io
+  /// thread may wait for its own device work (shutdown's final snapshot, an unregistration that
+  /// keeps the momentum). Throws DeviceError.
+  const std::vector<float>& host_momentum_now(Param& p);
+  /// Polls completions_ every CompletionQueue::kPoll while it holds waits.
+  void poll_completions();
   /// Counts the error in the metrics and sends it to `s`.
   void reply_error(const SessionPtr& s, const transport::ErrorMsg& error, uint32_t request_id = 0);
   void observe_health(const std::string& name, Param& p, const NsJob& job);
@@ -199,14 +210,16 @@ class Engine {
                      const float* values, int64_t n);
   /// "rank 3", or "relay server 1" for a relay's rank.
   std::string rank_name(int rank) const;
-  /// `only_rank` >= 0: to that rank only (a replayed step).
+  /// The update of `job` to every rank that wants some of it, in slot-size chunks (a packed
+  /// registration's want ranges laid end to end); on the GPU data plane device to device where
+  /// the session's plane takes that, else from host bytes read back without waiting (the
+  /// chunks then go out from completions_). `only_rank` >= 0: to that rank only (a replayed
+  /// step). Throws DeviceError (enqueueing a copy).
   void send_update(const std::string& name, Param& p, NsJob& job, int only_rank = -1);
-  /// send_update to a rank of a packed registration (RankRanges::packed): chunks of its packed
-  /// `want` ranges, a chunk spanning ranges where they are a column block's rows; `host_update`
-  /// gives the update in host memory (read back once per step on the GPU data plane).
-  void send_packed_update(const std::string& name, Param& p, NsJob& job, Session& s,
-                          const std::vector<Range>& want,
-                          const std::function<const float*()>& host_update);
+  /// A step's update could not be returned (a CUDA copy failed): logged, counted, and the
+  /// error sent to the parameter's ranks; the server keeps serving.
+  void return_failed(const Param& p, const std::string& name, int64_t step,
+                     const std::string& what);
   /// A step the machine dropped (timeout, lost rank, shutdown): logged, counted, its timer
   /// cancelled, the error sent to the parameter's ranks but `except_rank`.
   void report_dropped(Param& p, const transport::ErrorMsg& error, int except_rank);
@@ -219,14 +232,20 @@ class Engine {
   void tell_lost(const SessionPtr& lost, const std::string& what);
   SessionPtr session_of(int rank) const;
   bool any_computing() const;
-  /// A copy of the momentum of every parameter whose momentum is kept here (registered, owned).
-  std::vector<SnapshotEntry> snapshot_entries();
+  /// A copy of the momentum of every parameter whose momentum is kept here (registered, owned),
+  /// handed to `then` once every one is in host memory (at once on the host path; from
+  /// completions_ on the GPU data plane); `complete` is false when a copy failed.
+  void snapshot_entries(std::function<void(std::vector<SnapshotEntry>, bool complete)> then);
   /// Writes a requested snapshot to `path` on the writer thread, then answers `s` (snapshot_ok,
   /// or the error). Warns when the parameters' steps differ (a snapshot taken mid-step).
   void request_snapshot(const SessionPtr& s, const std::string& path, uint32_t request_id);
+  void write_requested_snapshot(const std::weak_ptr<Session>& s, const std::string& path,
+                                uint32_t request_id, std::vector<SnapshotEntry> entries);
   /// With --snapshot-every N: keeps a copy of p's momentum when p has applied step S with
   /// (S + 1) % N == 0, and hands the set to the writer once every owned parameter has S.
   void collect_periodic(const std::string& name, Param& p);
+  /// Hands the periodic set to the writer once it holds every owned parameter.
+  void write_periodic_when_complete();
   /// The final snapshot of a shutdown (synchronous, after the writer's queue): skipped, with a
   /// warning, when the steps are mixed and this server wrote a snapshot of one step there.
   void write_final_snapshot();
@@ -236,6 +255,11 @@ class Engine {
   ServerConfig config_;
   /// The GPU data plane; null on the host path (CPU backend, or --host-staging).
   std::unique_ptr<DevicePlane> device_;
+  /// The device copies to the host that the io thread does not wait for (param_storage.hpp),
+  /// polled by completion_timer_; after device_, so its waits go before the plane.
+  CompletionQueue completions_{[this] { poll_completions(); }};
+  boost::asio::steady_timer completion_timer_{io_};
+  bool completion_polling_ = false;
   Metrics metrics_;  // before scheduler_: built from the backend's name before it moves there
   Scheduler scheduler_;
   std::map<std::string, Param> params_;

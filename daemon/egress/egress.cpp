@@ -5,9 +5,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <span>
+#include <vector>
 
 #include "daemon/log.hpp"
 #include "kernels/bf16.hpp"
+#include "kernels/range_set.hpp"
 
 namespace muon::daemon {
 
@@ -26,116 +29,163 @@ void Engine::return_update(Param& p, NsJob& job, bool upload, int only_rank) {
     if (upload) p.storage->upload_update(job.update);
     send_update(job.name, p, job, only_rank);
   } catch (const std::exception& e) {  // a CUDA copy failed: tell the ranks, keep serving
-    log()->error("parameter '{}' step {}: returning the update failed: {}", job.name, job.step,
-                 e.what());
-    metrics_.error(ErrorCode::backend);
-    broadcast(p, {ErrorCode::backend,
-                  "returning the update of '" + job.name + "' step " + std::to_string(job.step) +
-                      " failed: " + e.what(),
-                  job.name, job.step, -1});
+    return_failed(p, job.name, job.step, e.what());
   }
 }
+
+void Engine::return_failed(const Param& p, const std::string& name, int64_t step,
+                           const std::string& what) {
+  log()->error("parameter '{}' step {}: returning the update failed: {}", name, step, what);
+  metrics_.error(ErrorCode::backend);
+  broadcast(p, {ErrorCode::backend,
+                "returning the update of '" + name + "' step " + std::to_string(step) +
+                    " failed: " + what,
+                name, step, -1});
+}
+
+namespace {
+
+/// One chunk of a rank's update as it leaves: its frame, and where its elements are: one run
+/// from `element` (u.count elements; it may go device to device), or -1 when the chunk spans
+/// several ranges of a packed registration (host bytes only: a device copy moves one run).
+struct UpdateChunk {
+  transport::Update u;
+  int64_t element = -1;
+};
+
+/// A rank's share of the update cut into chunks of at most `per_chunk` elements (a slot's), in
+/// the order they go out: each want range from its start; a packed registration's ranges laid
+/// end to end (a column block's rows), its offsets in that packed order, so a block that fits
+/// a slot goes back as one update.
+std::vector<UpdateChunk> cut_update(const std::string& name, const NsJob& job,
+                                    const RankRanges& ranks, int64_t per_chunk) {
+  std::vector<UpdateChunk> chunks;
+  const auto chunk = [&](int64_t offset, int64_t count, bool last, int64_t element) {
+    transport::Update u;
+    u.name = name;
+    u.step = job.step;
+    u.offset = offset;
+    u.count = count;
+    u.kind = transport::ChunkKind::gradient;
+    u.last = last;
+    u.applied = job.applied;
+    chunks.push_back({std::move(u), element});
+  };
+  const auto& want = ranks.want;
+  if (!ranks.packed) {
+    for (size_t w = 0; w < want.size(); ++w) {
+      for (int64_t off = want[w].begin; off < want[w].end; off += per_chunk) {
+        const int64_t count = std::min(per_chunk, want[w].end - off);
+        chunk(off, count, w + 1 == want.size() && off + count == want[w].end, off);
+      }
+    }
+    return chunks;
+  }
+  const auto prefix = packed_starts(want);
+  const int64_t total = prefix.back() + want.back().size();
+  for (int64_t at = 0; at < total; at += per_chunk) {
+    const int64_t count = std::min(per_chunk, total - at);
+    int pieces = 0;
+    int64_t element = 0;
+    for_each_packed_piece(want, prefix, at, count, [&](size_t, int64_t e, int64_t, int64_t) {
+      if (pieces++ == 0) element = e;
+    });
+    chunk(at, count, at + count == total, pieces == 1 ? element : -1);
+  }
+  return chunks;
+}
+
+/// The chunk's elements of `update` (numel host fp32) as `dt` bytes; `prefix` is
+/// packed_starts(ranks.want) for a packed registration.
+std::vector<std::byte> chunk_bytes(const UpdateChunk& c, const RankRanges& ranks,
+                                   std::span<const int64_t> prefix, const float* update,
+                                   DType dt) {
+  const size_t esize = transport::dtype_bytes(dt);
+  std::vector<std::byte> data(static_cast<size_t>(c.u.count) * esize);
+  if (!ranks.packed) {
+    narrow_from_f32(dt, {update + c.u.offset, static_cast<size_t>(c.u.count)}, data.data());
+    return data;
+  }
+  for_each_packed_piece(ranks.want, prefix, c.u.offset, c.u.count,
+                        [&](size_t, int64_t e, int64_t pos, int64_t n) {
+                          narrow_from_f32(dt, {update + e, static_cast<size_t>(n)},
+                                          data.data() + static_cast<size_t>(pos - c.u.offset) *
+                                                            esize);
+                        });
+  return data;
+}
+
+}  // namespace
 
 void Engine::send_update(const std::string& name, Param& p, NsJob& job, int only_rank) {
   const DType dt = p.layout->spec.update_dtype;
   const size_t esize = transport::dtype_bytes(dt);
   const int64_t per_chunk = static_cast<int64_t>(config_.layout.slot_bytes / esize);
   // GPU data plane: sessions whose plane takes device updates (cuda_ipc, nccl) get
-  // device-to-device copies into their result slots; a chunk that must wait for a credit, and
-  // every chunk of a shm session, goes through host bytes
-  // (on the GPU data plane read back once per step, when the first such chunk needs them).
-  DeviceParamState* device = p.storage->device_state();
-  const float* host = nullptr;
-  const auto host_update = [&] {
-    if (host == nullptr) host = p.storage->host_update(job);
-    return host;
+  // device-to-device copies into their result slots. From a rank's first chunk that cannot
+  // (no free slot, a chunk across packed ranges, a shm or tcp session) its chunks go through
+  // host bytes, in order: the update read back once per step, without the io thread waiting.
+  struct HostChunks {
+    std::weak_ptr<Session> session;
+    RankRanges ranks;
+    std::vector<int64_t> prefix;  // packed_starts(ranks.want) when packed
+    std::vector<UpdateChunk> chunks;
   };
+  auto host_chunks = std::make_shared<std::vector<HostChunks>>();
+  DeviceParamState* device = p.storage->device_state();
   for (int r = 0; r < static_cast<int>(p.layout->ranks.size()); ++r) {
     const auto& ranks = p.layout->ranks[r];
-    const auto& want = ranks.want;
-    if (want.empty() || (only_rank >= 0 && r != only_rank)) continue;
+    if (ranks.want.empty() || (only_rank >= 0 && r != only_rank)) continue;
     auto s = session_of(r);
     if (!s) continue;
-    if (ranks.packed) {
-      send_packed_update(name, p, job, *s, want, host_update);
-      continue;
-    }
-    for (size_t w = 0; w < want.size(); ++w) {
-      for (int64_t off = want[w].begin; off < want[w].end; off += per_chunk) {
-        const int64_t count = std::min(per_chunk, want[w].end - off);
-        transport::Update u;
-        u.name = name;
-        u.step = job.step;
-        u.offset = off;
-        u.count = count;
-        u.kind = transport::ChunkKind::gradient;
-        u.last = w + 1 == want.size() && off + count == want[w].end;
-        u.applied = job.applied;
-        const size_t bytes = static_cast<size_t>(count) * esize;
-        metrics_.chunk_returned(transport::ChunkKind::gradient, bytes);
-        ServerPlane* plane = s->plane();
-        if (device != nullptr && plane && plane->writes_device_updates() &&
-            s->send_chunk_direct(u, [&](uint32_t slot) {
-              return plane->write_update(slot, *device, off, count, dt);
+    auto chunks = cut_update(name, job, ranks, per_chunk);
+    size_t sent = 0;
+    ServerPlane* plane = s->plane();
+    if (device != nullptr && plane && plane->writes_device_updates()) {
+      for (; sent < chunks.size(); ++sent) {
+        const UpdateChunk& c = chunks[sent];
+        if (c.element < 0 || !s->send_chunk_direct(c.u, [&](uint32_t slot) {
+              return plane->write_update(slot, *device, c.element, c.u.count, dt);
             })) {
-          continue;
+          break;
         }
-        std::vector<std::byte> data(bytes);
-        const float* src = host_update() + off;
-        narrow_from_f32(dt, {src, static_cast<size_t>(count)}, data.data());
-        s->send_chunk(std::move(u), dt, std::move(data));
+        metrics_.chunk_returned(transport::ChunkKind::gradient,
+                                static_cast<size_t>(c.u.count) * esize);
       }
     }
+    if (sent == chunks.size()) continue;
+    chunks.erase(chunks.begin(), chunks.begin() + static_cast<std::ptrdiff_t>(sent));
+    host_chunks->push_back(
+        {s, ranks, ranks.packed ? packed_starts(ranks.want) : std::vector<int64_t>{},
+         std::move(chunks)});
+  }
+  if (!host_chunks->empty()) {
+    Param* param = &p;  // lives while its storage does, which runs the continuation only then
+    p.storage->read_update(job, [this, param, name, step = job.step, dt, esize, host_chunks](
+                                    const float* update, std::exception_ptr error) {
+      if (error) {
+        std::string what = "unknown error";
+        try {
+          std::rethrow_exception(error);
+        } catch (const std::exception& e) {
+          what = e.what();
+        }
+        return_failed(*param, name, step, what);
+        return;
+      }
+      for (auto& h : *host_chunks) {
+        auto s = h.session.lock();
+        if (!s || s->closed()) continue;
+        for (auto& c : h.chunks) {
+          auto data = chunk_bytes(c, h.ranks, h.prefix, update, dt);
+          metrics_.chunk_returned(transport::ChunkKind::gradient,
+                                  static_cast<size_t>(c.u.count) * esize);
+          s->send_chunk(std::move(c.u), dt, std::move(data));
+        }
+      }
+    });
   }
   p.storage->updates_enqueued();
-}
-
-void Engine::send_packed_update(const std::string& name, Param& p, NsJob& job, Session& s,
-                                const std::vector<Range>& want,
-                                const std::function<const float*()>& host_update) {
-  const DType dt = p.layout->spec.update_dtype;
-  const size_t esize = transport::dtype_bytes(dt);
-  const int64_t per_chunk = static_cast<int64_t>(config_.layout.slot_bytes / esize);
-  DeviceParamState* device = p.storage->device_state();
-  const auto prefix = packed_starts(want);
-  const int64_t total = prefix.back() + want.back().size();
-  // Chunks of the packed want ranges (a column block's rows laid end to end), each as many
-  // elements as a slot holds: the block goes back as one update when it fits a slot.
-  for (int64_t at = 0; at < total; at += per_chunk) {
-    const int64_t count = std::min(per_chunk, total - at);
-    transport::Update u;
-    u.name = name;
-    u.step = job.step;
-    u.offset = at;
-    u.count = count;
-    u.kind = transport::ChunkKind::gradient;
-    u.last = at + count == total;
-    u.applied = job.applied;
-    const size_t bytes = static_cast<size_t>(count) * esize;
-    metrics_.chunk_returned(transport::ChunkKind::gradient, bytes);
-    // A chunk inside one range may go device to device; one that spans ranges goes through host
-    // bytes (the device plane copies one contiguous run per slot).
-    int pieces = 0;
-    int64_t element = 0;
-    for_each_packed_piece(want, prefix, at, count, [&](size_t, int64_t e, int64_t, int64_t) {
-      if (pieces++ == 0) element = e;
-    });
-    ServerPlane* plane = s.plane();
-    if (pieces == 1 && device != nullptr && plane && plane->writes_device_updates() &&
-        s.send_chunk_direct(u, [&](uint32_t slot) {
-          return plane->write_update(slot, *device, element, count, dt);
-        })) {
-      continue;
-    }
-    std::vector<std::byte> data(bytes);
-    const float* src = host_update();
-    for_each_packed_piece(want, prefix, at, count,
-                          [&](size_t, int64_t e, int64_t pos, int64_t n) {
-                            narrow_from_f32(dt, {src + e, static_cast<size_t>(n)},
-                                            data.data() + static_cast<size_t>(pos - at) * esize);
-                          });
-    s.send_chunk(std::move(u), dt, std::move(data));
-  }
 }
 
 void Engine::send_momentum(const SessionPtr& s, const std::string& name, int64_t last_step,

@@ -130,7 +130,7 @@ void Engine::hand_over(const transport::RegisterParam& m, const SessionPtr& s) {
                    : std::string("starting fresh"));
   if (keep) {  // taken over like a restored snapshot's entry: any world size and layout
     restored_[m.name] = SnapshotEntry{m.name, dims_of(p.layout->spec.shape), p.last_step(),
-                                      p.layout->spec.options, host_momentum(p)};
+                                      p.layout->spec.options, host_momentum_now(p)};
   } else {
     restored_.erase(m.name);
   }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <optional>
 
 #include "core/clock.hpp"
 #include "core/error.hpp"
@@ -22,23 +23,81 @@ void Engine::load_momentum(const transport::Push& m, Param& p, std::span<const f
   p.role->load_momentum(m, p, values);
 }
 
-const std::vector<float>& Engine::host_momentum(Param& p) {
-  p.storage->refresh_momentum(p.momentum);
+void Engine::with_host_momentum(const std::string& name, Param& p,
+                                std::function<void(Param&, bool fresh)> then) {
+  Param* param = &p;  // lives while its storage does: the storage runs the continuation only then
+  p.storage->refresh_momentum(p.momentum, [this, param, name, then = std::move(then)](
+                                              std::exception_ptr error) {
+    if (error) {
+      try {
+        std::rethrow_exception(error);
+      } catch (const std::exception& e) {
+        log()->error("parameter '{}': reading its momentum back from the GPU failed: {}", name,
+                     e.what());
+      }
+      metrics_.error(ErrorCode::backend);
+    }
+    then(*param, !error);
+  });
+}
+
+const std::vector<float>& Engine::host_momentum_now(Param& p) {
+  std::exception_ptr failed;
+  bool done = false;
+  p.storage->refresh_momentum(p.momentum, [&](std::exception_ptr error) {
+    failed = error;
+    done = true;
+  });
+  // Only this storage's copy is waited for; what is queued before it runs first, in order.
+  while (!done) {
+    if (!completions_.poll()) break;
+  }
+  if (failed) std::rethrow_exception(failed);
   return p.momentum;
 }
 
-std::vector<SnapshotEntry> Engine::snapshot_entries() {
-  std::vector<SnapshotEntry> entries;
+void Engine::snapshot_entries(std::function<void(std::vector<SnapshotEntry>, bool)> then) {
+  auto entries = std::make_shared<std::vector<SnapshotEntry>>();
+  auto complete = std::make_shared<bool>(true);
   for (auto& [name, p] : params_) {
     if (!p.registered() || !p.role->keeps_momentum_here()) continue;  // else the owner's
-    entries.push_back({name, dims_of(p.layout->spec.shape), p.last_step(), p.layout->spec.options,
-                       host_momentum(p)});
+    with_host_momentum(name, p, [entries, complete, name](Param& q, bool fresh) {
+      if (!fresh) {
+        *complete = false;
+        return;
+      }
+      entries->push_back({name, dims_of(q.layout->spec.shape), q.last_step(),
+                          q.layout->spec.options, q.momentum});
+    });
   }
-  return entries;
+  if (completions_.pending() == 0) {  // the host path: every copy is there already
+    then(std::move(*entries), *complete);
+    return;
+  }
+  // After every copy above: the queue runs in order. A parameter unregistered meanwhile is not
+  // in the set.
+  completions_.when([] { return true; },
+                    [entries, complete, then = std::move(then)](std::exception_ptr) {
+                      then(std::move(*entries), *complete);
+                    });
 }
 
 void Engine::request_snapshot(const SessionPtr& s, const std::string& path, uint32_t request_id) {
-  auto entries = snapshot_entries();
+  snapshot_entries([this, w = std::weak_ptr<Session>(s), path, request_id](
+                       std::vector<SnapshotEntry> entries, bool complete) {
+    if (!complete) {
+      const std::string error = "snapshot to " + path + " not written: a momentum could not be "
+                                "read from the GPU (the server log says which)";
+      log()->error("{}", error);
+      if (auto ws = w.lock()) reply_error(ws, {ErrorCode::snapshot, error, "", -1, -1}, request_id);
+      return;
+    }
+    write_requested_snapshot(w, path, request_id, std::move(entries));
+  });
+}
+
+void Engine::write_requested_snapshot(const std::weak_ptr<Session>& s, const std::string& path,
+                                      uint32_t request_id, std::vector<SnapshotEntry> entries) {
   const int count = static_cast<int>(entries.size());
   if (count > 0 && common_step(entries) == -2) {
     // A request between two step() calls of every rank has one step; this one came mid-step.
@@ -47,8 +106,8 @@ void Engine::request_snapshot(const SessionPtr& s, const std::string& path, uint
                 path, describe_steps(entries));
   }
   writer_->write(path, std::move(entries),
-                 [this, alive = std::weak_ptr<bool>(alive_), w = std::weak_ptr<Session>(s), path,
-                  count, request_id](const std::string& error) {
+                 [this, alive = std::weak_ptr<bool>(alive_), w = s, path, count,
+                  request_id](const std::string& error) {
                    if (!alive.lock()) return;
                    auto ws = w.lock();
                    if (!error.empty()) {
@@ -95,14 +154,32 @@ void Engine::collect_periodic(const std::string& name, Param& p) {
     }
     periodic_ = PeriodicSnapshot{step, {}};
   }
-  const auto copy_start = std::chrono::steady_clock::now();
-  periodic_->entries.push_back(
-      {name, dims_of(p.layout->spec.shape), step, p.layout->spec.options, host_momentum(p)});
-  periodic_->copy_seconds += seconds_since(copy_start);
+  // The momentum comes to the host first (on the GPU data plane without the io thread
+  // waiting); a periodic snapshot abandoned or written meanwhile takes no late entry.
+  with_host_momentum(name, p, [this, name, step](Param& q, bool fresh) {
+    if (!periodic_ || periodic_->step != step) return;
+    if (!fresh) {
+      log()->warn("periodic snapshot of step {} abandoned: the momentum of '{}' could not be "
+                  "read from the GPU",
+                  step, name);
+      periodic_.reset();
+      skipped_step_ = step;
+      return;
+    }
+    const auto copy_start = std::chrono::steady_clock::now();
+    periodic_->entries.push_back(
+        {name, dims_of(q.layout->spec.shape), step, q.layout->spec.options, q.momentum});
+    periodic_->copy_seconds += seconds_since(copy_start);
+    write_periodic_when_complete();
+  });
+}
+
+void Engine::write_periodic_when_complete() {
   const auto owned = std::count_if(params_.begin(), params_.end(), [](const auto& kv) {
     return kv.second.registered() && kv.second.role->keeps_momentum_here();
   });
   if (static_cast<int64_t>(periodic_->entries.size()) < owned) return;
+  const int64_t step = periodic_->step;
   const int count = static_cast<int>(periodic_->entries.size());
   double mb = 0;
   for (const auto& e : periodic_->entries) mb += e.momentum.size() * sizeof(float) / 1e6;
@@ -132,7 +209,21 @@ void Engine::collect_periodic(const std::string& name, Param& p) {
 
 void Engine::write_final_snapshot() {
   writer_->drain();  // the periodic snapshots queued before go first
-  auto entries = snapshot_entries();
+  // Shutdown may wait for this server's own device copies (they wait on nothing else).
+  std::optional<std::vector<SnapshotEntry>> got;
+  bool complete = true;
+  snapshot_entries([&](std::vector<SnapshotEntry> e, bool ok) {
+    got = std::move(e);
+    complete = ok;
+  });
+  while (!got && completions_.poll()) {
+  }
+  if (!got || !complete) {
+    log()->error("final snapshot to {} not written: a momentum could not be read from the GPU",
+                 config_.snapshot_path);
+    return;
+  }
+  auto entries = std::move(*got);
   if (!entries.empty() && common_step(entries) == -2) {
     if (const int64_t kept = writer_->step_on_disk(config_.snapshot_path); kept != -2) {
       log()->warn("final snapshot skipped: the steps are mixed ({}), a step was cut short; {} "

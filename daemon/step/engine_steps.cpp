@@ -116,11 +116,29 @@ void Engine::finish_jobs(std::vector<NsJob> jobs) {
     const std::string outcome = refused         ? std::string(error_code_name(held->error_code))
                                 : held->applied ? "applied"
                                                 : "skipped";
-    const float* update = refused ? nullptr : p.storage->host_update(*held);
-    replicate_then(held->name, p, target, held->step, outcome, update, [this, held](Param& q) {
+    auto release = [this, held](Param& q) {
       q.steps.replicated();
       release_step(q, *held);
       after_steps();
+    };
+    if (refused) {
+      replicate_then(held->name, p, target, held->step, outcome, nullptr, std::move(release));
+      continue;
+    }
+    // The update goes to the buddy from host memory (held->update; read back on the GPU data
+    // plane, without the io thread waiting).
+    Param* param = &p;  // lives while its storage does, which runs the continuation only then
+    p.storage->read_update(*held, [this, held, param, target, outcome, release](
+                                      const float* values, std::exception_ptr error) mutable {
+      if (error) {
+        note_buddy(target, "the update of '" + held->name + "' could not be read from the GPU");
+        release(*param);
+        return;
+      }
+      const size_t n = static_cast<size_t>(held->shape.numel());
+      if (values != held->update.data()) held->update.assign(values, values + n);
+      replicate_then(held->name, *param, target, held->step, outcome, held->update.data(),
+                     std::move(release));
     });
   }
   after_steps();

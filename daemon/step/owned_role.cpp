@@ -92,10 +92,23 @@ class OwnedRole final : public ParameterRole {
   }
 
   void fetch_momentum(const std::shared_ptr<Session>& s, const std::string& name, ParamState& p,
-                      uint32_t) override {
-    const auto& momentum = e_.host_momentum(p);
-    e_.send_momentum(s, name, p.last_step(), momentum.data(),
-                     static_cast<int64_t>(momentum.size()));
+                      uint32_t request_id) override {
+    Engine& e = e_;
+    e.with_host_momentum(name, p, [&e, w = std::weak_ptr<Session>(s), name, request_id](
+                                      ParamState& q, bool fresh) {
+      auto ws = w.lock();
+      if (!ws || ws->closed()) return;
+      if (!fresh) {
+        e.reply_error(ws,
+                      {ErrorCode::backend,
+                       "parameter '" + name + "': its momentum could not be read from the GPU",
+                       name, -1, ws->rank},
+                      request_id);
+        return;
+      }
+      e.send_momentum(ws, name, q.last_step(), q.momentum.data(),
+                      static_cast<int64_t>(q.momentum.size()));
+    });
   }
 
   bool keeps_momentum_here() const override { return true; }

@@ -59,7 +59,17 @@ class RelayedRole final : public ParameterRole {
   }
 
   void hand_off(const std::string& name, ParamState& p, StepReducer& reducer) override {
-    RelayStep step;
+    // The step goes to the owner once its gradient is in host memory and the machine says
+    // computing, whichever comes last: on the host path the gradient is there before
+    // reduce_to_host returns, on the GPU data plane it comes back later (the io thread does not
+    // wait for it). A reduction that throws leaves the step gathering.
+    struct Forward {
+      RelayStep step;
+      bool reduced = false, computing = false;
+      std::exception_ptr error;
+    };
+    auto f = std::make_shared<Forward>();
+    RelayStep& step = f->step;
     step.name = name;
     step.step = reducer.step();
     step.owner = owner_;
@@ -68,12 +78,37 @@ class RelayedRole final : public ParameterRole {
     step.numel = p.layout->spec.shape.numel();
     step.grad = std::move(p.grad);
     step.grad.resize(static_cast<size_t>(step.numel));
-    p.storage->reduce_to_host(reducer, step.grad);
     step.push = covered(*p.layout, &RankRanges::push);
     step.want = covered(*p.layout, &RankRanges::want);
-    p.steps.start_computing();
     Engine& e = e_;
-    e.relay().forward(std::move(step), [&e](RelayStep done) { e.finish_relayed(std::move(done)); });
+    const auto go = [&e](Forward& g) {
+      if (!g.error) {
+        e.relay().forward(std::move(g.step),
+                          [&e](RelayStep done) { e.finish_relayed(std::move(done)); });
+        return;
+      }
+      std::string what = "unknown error";
+      try {
+        std::rethrow_exception(g.error);
+      } catch (const std::exception& x) {
+        what = x.what();
+      }
+      g.step.error = ErrorMsg{ErrorCode::backend,
+                              "parameter '" + g.step.name + "' step " +
+                                  std::to_string(g.step.step) +
+                                  ": reading the reduced gradient back from the GPU failed: " +
+                                  what,
+                              g.step.name, g.step.step, -1};
+      e.finish_relayed(std::move(g.step));
+    };
+    p.storage->reduce_to_host(reducer, step.grad, [f, go](std::exception_ptr error) {
+      f->reduced = true;
+      f->error = error;
+      if (f->computing) go(*f);
+    });
+    p.steps.start_computing();
+    f->computing = true;
+    if (f->reduced) go(*f);
   }
 
   void load_momentum(const transport::Push& m, ParamState&,

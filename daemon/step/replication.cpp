@@ -28,27 +28,37 @@ int Engine::replica_target(const std::string& name) const {
 void Engine::replicate_then(const std::string& name, Param& p, int target, int64_t step,
                             const std::string& outcome, const float* update,
                             std::function<void(Param&)> release) {
-  const auto& spec = p.layout->spec;
-  ReplicaJob job;
-  job.target = target;
-  job.seal.name = name;
-  job.seal.shape = dims_of(spec.shape);
-  job.seal.grad_dtype = spec.grad_dtype;
-  job.seal.update_dtype = spec.update_dtype;
-  job.seal.options = spec.options;
-  job.seal.replica = true;
-  job.seal.replica_step = step;
-  job.seal.replica_outcome = outcome;
-  job.momentum = host_momentum(p).data();
-  job.update = update;
-  job.numel = spec.shape.numel();
-  replicator().replicate(
-      std::move(job), [this, name, target, release = std::move(release)](std::string error) {
-        note_buddy(target, error);
-        auto it = params_.find(name);
-        if (it == params_.end()) return;
-        release(it->second);
-      });
+  // The momentum first comes to the host (on the GPU data plane without the io thread waiting);
+  // a failed read holds nothing back: the step goes out unreplicated, as with a buddy down.
+  with_host_momentum(name, p, [this, name, target, step, outcome, update,
+                               release = std::move(release)](Param& q, bool fresh) mutable {
+    if (!fresh) {
+      note_buddy(target, "the momentum of '" + name + "' could not be read from the GPU");
+      release(q);
+      return;
+    }
+    const auto& spec = q.layout->spec;
+    ReplicaJob job;
+    job.target = target;
+    job.seal.name = name;
+    job.seal.shape = dims_of(spec.shape);
+    job.seal.grad_dtype = spec.grad_dtype;
+    job.seal.update_dtype = spec.update_dtype;
+    job.seal.options = spec.options;
+    job.seal.replica = true;
+    job.seal.replica_step = step;
+    job.seal.replica_outcome = outcome;
+    job.momentum = q.momentum.data();
+    job.update = update;
+    job.numel = spec.shape.numel();
+    replicator().replicate(
+        std::move(job), [this, name, target, release = std::move(release)](std::string error) {
+          note_buddy(target, error);
+          auto it = params_.find(name);
+          if (it == params_.end()) return;
+          release(it->second);
+        });
+  });
 }
 
 void Engine::note_buddy(int target, const std::string& error) {

@@ -114,3 +114,39 @@ TEST(GpuScenario, CudaGraphsServerIsBitwiseTheUncapturedKernels) {
   expect_bitwise(r1.out, ref, 0, 3, "shm rank, server with --cuda-graphs");
   fs::remove_all(dir);
 }
+
+// The GPU data plane's copies between a parameter and host memory never block the io thread
+// (issue 15): a shm rank's updates are read back into page-locked blocks on the return stream,
+// a snapshot's momentum on the reduce stream, and a restored momentum is uploaded from a block;
+// each completes through the Engine's CompletionQueue. A GPU server with a cuda_ipc rank and a
+// shm rank takes a snapshot after step 1, is SIGKILLed, and a server restored from that file
+// runs steps 2-4: every update, before and after, is bitwise the CUDA kernels run in process.
+TEST(GpuScenario, SnapshotKillRestoreOnTheGpuDataPlaneIsBitwiseTheCudaKernels) {
+  REQUIRE_GPU();
+  const auto dir = temp_dir();
+  const std::string mode = "rows";
+  const std::string snap = (dir / "momentum.safetensors").string();
+  const auto ref = reference_updates(mode, 2, 5, kThreads, -1, 0, "cuda");
+  {
+    ServerProcess server(dir, {"--backend", "cuda", "--snapshot", snap}, "gpu_snapshot");
+    auto r0 = start_client(dir, {server.socket()}, 0, 2, mode,
+                           with({"--steps", "2", "--snapshot", snap}, kCudaIpc));
+    auto r1 = start_client(dir, {server.socket()}, 1, 2, mode, {"--steps", "2"});  // shm
+    ASSERT_EQ(wait_exit(r0.pid, 120s), 0) << read_err(r0.out).message;
+    ASSERT_EQ(wait_exit(r1.pid, 120s), 0) << read_err(r1.out).message;
+    expect_bitwise(r0.out, ref, 0, 2, "cuda_ipc rank before the kill");
+    expect_bitwise(r1.out, ref, 0, 2, "shm rank (updates read back) before the kill");
+    server.kill9();  // no final snapshot: the restore must rely on the one requested above
+  }
+  ASSERT_TRUE(fs::exists(snap));
+  ServerProcess restored(dir, {"--backend", "cuda", "--restore", snap}, "gpu_restored");
+  auto a0 = start_client(dir, {restored.socket()}, 0, 2, mode,
+                         with({"--start-step", "2", "--steps", "3"}, kCudaIpc));
+  auto a1 = start_client(dir, {restored.socket()}, 1, 2, mode,
+                         {"--start-step", "2", "--steps", "3"});
+  ASSERT_EQ(wait_exit(a0.pid, 120s), 0) << read_err(a0.out).message;
+  ASSERT_EQ(wait_exit(a1.pid, 120s), 0) << read_err(a1.out).message;
+  expect_bitwise(a0.out, ref, 2, 3, "cuda_ipc rank after the restore");
+  expect_bitwise(a1.out, ref, 2, 3, "shm rank after the restore");
+  fs::remove_all(dir);
+}
