@@ -11,6 +11,7 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <memory>
 
 namespace muon::daemon {
 
@@ -50,6 +51,25 @@ class CompletionQueue {
   std::deque<Wait> waits_;
   std::function<void()> arm_;
   bool polling_ = false;  // inside poll(): waits added by a continuation go on the next poll
+};
+
+/// A holder's waits in a CompletionQueue whose continuations run only while the holder lives: a
+/// parameter's storage (param_storage.hpp), whose continuations refer to the parameter. A wait
+/// whose holder is gone is still polled until it is over (its copy may be in flight), then
+/// dropped.
+class OwnedCompletions {
+ public:
+  explicit OwnedCompletions(CompletionQueue& queue) : queue_(queue) {}
+  void when(std::function<bool()> ready, CompletionQueue::Then then) {
+    queue_.when(std::move(ready), [alive = std::weak_ptr<bool>(alive_),
+                                   then = std::move(then)](std::exception_ptr error) {
+      if (alive.lock()) then(error);
+    });
+  }
+
+ private:
+  CompletionQueue& queue_;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 
 }  // namespace muon::daemon

@@ -169,8 +169,8 @@ Replicator& Engine::replicator() {
 }
 
 std::unique_ptr<ParamStorage> Engine::make_storage(int64_t numel, bool momentum) {
-  return device_ ? device_->make_storage(numel, momentum, completions_)
-                 : make_host_param_storage();
+  if (device_) return device_->make_storage(numel, momentum, completions_);
+  return make_host_param_storage(config_.defer_host_copies ? &completions_ : nullptr);
 }
 
 void Engine::poll_completions() {

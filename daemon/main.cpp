@@ -38,6 +38,9 @@ int main(int argc, char** argv) {
   app.add_flag("--host-staging", config.host_staging,
                "CUDA backend: keep gradients, momentum and updates in host memory (no GPU data "
                "plane; clients must use the shm data plane)");
+  app.add_flag("--defer-host-copies", config.defer_host_copies,
+               "Host memory: finish each copy of a step to the host a poll later, as the GPU data "
+               "plane does (tests run the GPU path's continuations on the CPU)");
   app.add_option("--stream-priority", config.stream_priority,
                  "Priority of the GPU data plane's Newton-Schulz (compute) stream: normal, low "
                  "(sharing the GPU with a compute rank) or high; its copy streams always run at "

@@ -25,6 +25,10 @@ struct ServerConfig {
   /// backend's host API per step (no GPU data plane, no cuda_ipc sessions). Default: the GPU
   /// data plane (daemon/device_plane.hpp).
   bool host_staging = false;
+  /// Host memory only: each copy to the host completes through the Engine's CompletionQueue, a
+  /// poll later, as the GPU data plane's do (daemon/step/param_storage.hpp), instead of at once.
+  /// For tests: the CPU path then runs the GPU path's continuations (--defer-host-copies).
+  bool defer_host_copies = false;
   /// Priority of the GPU data plane's streams: "normal", "low" (a server sharing its GPU with a
   /// compute rank) or "high" (kernels/device_stream.hpp).
   std::string stream_priority = "normal";

@@ -176,17 +176,12 @@ class DeviceParamStorage final : public ParamStorage {
  private:
   /// `then` once `done` says so, only while this storage lives (param_storage.hpp).
   void complete(DevicePlane::CopyDone done, Done then) {
-    completions_.when(std::move(done),
-                      [alive = std::weak_ptr<bool>(alive_), then = std::move(then)](
-                          std::exception_ptr e) {
-                        if (alive.lock()) then(e);
-                      });
+    completions_.when(std::move(done), std::move(then));
   }
 
   DevicePlane& plane_;
-  CompletionQueue& completions_;
+  OwnedCompletions completions_;
   DeviceParamPtr param_;
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 
 }  // namespace

@@ -18,6 +18,7 @@
 
 namespace muon::daemon {
 
+class CompletionQueue;
 class DeviceParamState;
 class StepReducer;
 struct NsJob;
@@ -77,6 +78,9 @@ class ParamStorage {
 };
 
 /// Host buffers: the reducer's store in host memory, gradients and updates in NsJob's vectors.
-std::unique_ptr<ParamStorage> make_host_param_storage();
+/// Continuations run before each call returns; with `deferred`, through that queue instead (a
+/// poll later, only while the storage lives), as on the GPU data plane: the CPU tests then run
+/// the device path's continuations (ServerConfig::defer_host_copies).
+std::unique_ptr<ParamStorage> make_host_param_storage(CompletionQueue* deferred = nullptr);
 
 }  // namespace muon::daemon

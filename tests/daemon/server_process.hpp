@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -63,6 +65,11 @@ class ServerProcess {
       argv.insert(argv.end(), {"--slot-kib", "64"});
     }
     argv.insert(argv.end(), extra.begin(), extra.end());
+    // Flags of every server of the run (the `deferred_copies.` tests: --defer-host-copies).
+    if (const char* more = std::getenv("MUON_TEST_SERVER_ARGS")) {
+      std::istringstream words(more);
+      for (std::string w; words >> w;) argv.push_back(w);
+    }
     pid_ = spawn(argv);
     wait_healthy();
   }
