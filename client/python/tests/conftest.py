@@ -67,8 +67,10 @@ class Server:
     def start(self):
         daemon = find_binary("muon-offloadd", "daemon")
         cli = find_binary("muon-offload", "cli")
+        # Flags of every server of the run (python_deferred_copies: --defer-host-copies).
         args = [daemon, "--socket", self.socket, "--threads", "1", "--slot-kib", "256",
-                "--log-level", "warn"] + self.extra
+                "--log-level", "warn"] + self.extra + os.environ.get(
+                    "MUON_TEST_SERVER_ARGS", "").split()
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=log)
         r = subprocess.run([cli, "health", "--socket", self.socket, "--timeout-ms", "20000"],
