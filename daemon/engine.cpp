@@ -238,6 +238,11 @@ void Engine::shutdown(std::function<void()> done) {
 
 void Engine::maybe_finish_shutdown() {
   if (!stopping_ || !shutdown_done_ || any_computing()) return;
+  // The updates of finished steps still coming back from the GPU go out before the sessions
+  // close (at shutdown the io thread may wait for its own device copies). One of them may start
+  // a replication (its end calls this again), or finish the shutdown itself (after_steps).
+  completions_.drain();
+  if (!shutdown_done_ || any_computing()) return;
   if (!config_.snapshot_path.empty()) {
     try {
       write_final_snapshot();
