@@ -3,6 +3,7 @@
 // of the last failure. Each library keeps its own thread_local CAbiStatus.
 #pragma once
 
+#include <cstdint>
 #include <exception>
 #include <string>
 
@@ -17,12 +18,24 @@ namespace muon::capi {
 struct CAbiStatus {
   std::string message;
   ErrorCode code = ErrorCode::none;
+  /// What a server's error names (client::ServerError): the parameter ("" none), the step and
+  /// the rank (-1 none); for the client's own failures "" and -1.
+  std::string param;
+  int64_t step = -1;
+  int rank = -1;
 
   /// Records a failure; returns `status` (a MUON_ERR_* value).
   int fail(int status, ErrorCode cause, const std::string& text) {
     message = text;
     code = cause;
     return status;
+  }
+  /// Records a server's error, with what it names.
+  int fail_server(int status, const client::ServerError& e, const std::string& text) {
+    param = e.param;
+    step = e.step;
+    rank = e.rank;
+    return fail(status, e.code, text);
   }
 };
 
@@ -37,15 +50,15 @@ int guarded(CAbiStatus& last, F&& f) {
   } catch (const client::ServerError& e) {
     switch (e.code) {
       case ErrorCode::non_finite:
-        return last.fail(MUON_ERR_NONFINITE, e.code, e.what());
+        return last.fail_server(MUON_ERR_NONFINITE, e, e.what());
       case ErrorCode::peer_lost:
-        return last.fail(MUON_ERR_PEER_LOST, e.code, e.what());
+        return last.fail_server(MUON_ERR_PEER_LOST, e, e.what());
       case ErrorCode::timeout:
-        return last.fail(MUON_ERR_TIMEOUT, e.code, e.what());
+        return last.fail_server(MUON_ERR_TIMEOUT, e, e.what());
       default:
-        return last.fail(MUON_ERR_SERVER, e.code,
-                         std::string(e.what()) + " (server error code: " +
-                             std::string(error_code_name(e.code)) + ")");
+        return last.fail_server(MUON_ERR_SERVER, e,
+                                std::string(e.what()) + " (server error code: " +
+                                    std::string(error_code_name(e.code)) + ")");
     }
   } catch (const client::ConnectionLost& e) {
     return last.fail(MUON_ERR_CONNECTION, ErrorCode::connection_lost, e.what());

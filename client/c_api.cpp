@@ -56,6 +56,18 @@ int muon_last_error_code(void) {
   return static_cast<int>(g_last.code);
 }
 
+const char* muon_last_error_param(void) {
+  return g_last.param.c_str();
+}
+
+int64_t muon_last_error_step(void) {
+  return g_last.step;
+}
+
+int muon_last_error_rank(void) {
+  return g_last.rank;
+}
+
 const char* muon_error_code_name(int code) {
   const auto c = muon::error_code_from_int(code);
   return c ? muon::error_code_name(*c).data() : nullptr;

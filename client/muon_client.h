@@ -35,6 +35,12 @@ const char* muon_last_error(void);
  * itself one of "connection_lost" 16, "invalid_argument" 17, "device" 18, "unavailable" 19,
  * "internal" 20. */
 int muon_last_error_code(void);
+/* What the server's error of the last failure on this thread names: the parameter ("" none),
+ * the step (-1 none: e.g. a registration's timeout, against a step's) and the rank (-1 none).
+ * "" / -1 for failures of the client itself. */
+const char* muon_last_error_param(void);
+int64_t muon_last_error_step(void);
+int muon_last_error_rank(void);
 /* The name of an ErrorCode integer ("peer_lost"), or NULL outside the enum: callers build their
  * code tables from this (0, 1, 2, ... until NULL). */
 const char* muon_error_code_name(int code);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,8 @@ TEST(CApiErrors, ClientFailuresSetTheirCodeAndSuccessClearsIt) {
   muon_client* c = nullptr;
   EXPECT_EQ(muon_client_create(servers, 1, 0, 1, "codes", 50, 1000, &c), MUON_ERR_CONNECTION);
   EXPECT_EQ(muon_last_error_code(), 16);  // connection_lost
+  EXPECT_STREQ(muon_last_error_param(), "");  // the client's own failure names nothing
+  EXPECT_EQ(muon_last_error_step(), -1);
   EXPECT_EQ(muon_client_create(servers, 0, 0, 1, "codes", 50, 1000, &c), MUON_ERR_INVALID);
   EXPECT_EQ(muon_last_error_code(), 17);  // invalid_argument
 
@@ -55,6 +58,25 @@ TEST(CApiErrors, ClientFailuresSetTheirCodeAndSuccessClearsIt) {
   ASSERT_EQ(muon_client_register(c, "w", shape, 2, "f32", "f32", "{}", all, 1, all, 1, 0), MUON_OK)
       << muon_last_error();
   EXPECT_EQ(muon_last_error_code(), 0);
+  // The server refuses a step whose gradient holds a NaN: its error names the parameter and
+  // the step, as fields (muon_last_error_param/_step), not only in the message.
+  std::vector<float> grad(16, 1.0f), update(16);
+  grad[5] = std::nanf("");
+  ASSERT_EQ(muon_client_push(c, "w", 0, 0, grad.data(), 16), MUON_OK) << muon_last_error();
+  ASSERT_EQ(muon_client_commit(c, "w", 0), MUON_OK) << muon_last_error();
+  int applied = -1;
+  EXPECT_EQ(muon_client_wait_update(c, "w", 0, update.data(), 64, &applied), MUON_ERR_NONFINITE)
+      << muon_last_error();
+  EXPECT_EQ(muon_last_error_code(), 7);  // non_finite
+  EXPECT_STREQ(muon_last_error_param(), "w");
+  EXPECT_EQ(muon_last_error_step(), 0);
+  grad[5] = 1.0f;  // the refused step is consumed: the next one goes through and clears them
+  ASSERT_EQ(muon_client_push(c, "w", 1, 0, grad.data(), 16), MUON_OK) << muon_last_error();
+  ASSERT_EQ(muon_client_commit(c, "w", 1), MUON_OK) << muon_last_error();
+  ASSERT_EQ(muon_client_wait_update(c, "w", 1, update.data(), 64, &applied), MUON_OK)
+      << muon_last_error();
+  EXPECT_STREQ(muon_last_error_param(), "");
+  EXPECT_EQ(muon_last_error_step(), -1);
   muon_client_destroy(c);
 }
 

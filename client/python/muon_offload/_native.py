@@ -75,6 +75,9 @@ def _declare(lib: ctypes.CDLL) -> None:
     sigs = {
         "muon_last_error": (cp, []),
         "muon_last_error_code": (i, []),
+        "muon_last_error_param": (cp, []),
+        "muon_last_error_step": (i64, []),
+        "muon_last_error_rank": (i, []),
         "muon_error_code_name": (cp, [i]),
         "muon_client_create": (i, [ctypes.POINTER(cp), i, i, i, cp, i64, i64,
                                    ctypes.POINTER(ctypes.c_void_p)]),
@@ -218,12 +221,15 @@ def check(rc: int, what: str = "") -> int:
         return rc
     loaded = lib()
     msg = last_error() or f"error code {rc}"
-    _raise(rc, f"{what}: {msg}" if what else msg, int(loaded.muon_last_error_code()))
+    _raise(rc, f"{what}: {msg}" if what else msg, int(loaded.muon_last_error_code()),
+           param=loaded.muon_last_error_param().decode("utf-8", "replace"),
+           step=int(loaded.muon_last_error_step()), rank=int(loaded.muon_last_error_rank()))
 
 
-def _raise(rc: int, msg: str, cause: int):
+def _raise(rc: int, msg: str, cause: int, param: str = "", step: int = -1, rank: int = -1):
     """Raises the exception of C return code ``rc`` with cause ``cause`` (an ErrorCode integer,
-    named through the client library's muon_error_code_name)."""
+    named through the client library's muon_error_code_name) and what a server's error names
+    (its parameter, step and rank)."""
     name = ""
     if cause:
         try:
@@ -231,7 +237,7 @@ def _raise(rc: int, msg: str, cause: int):
             name = raw.decode() if raw else ""
         except MuonOffloadError:
             pass  # no client library to name it: the return code decides
-    raise error_class(rc, name)(msg, rc, cause, name)
+    raise error_class(rc, name)(msg, rc, cause, name, param, step, rank)
 
 
 def int64_array(values) -> "ctypes.Array":

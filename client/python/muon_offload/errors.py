@@ -47,18 +47,24 @@ class MuonOffloadError(RuntimeError):
 
     Attributes: ``code`` the C ABI's MUON_ERR_* return code; ``error_code`` the cause's
     ErrorCode integer and ``error_name`` its name ("peer_lost"); 0 and "" for an error the
-    Python package raised itself (a bad argument it checked before calling the library)."""
+    Python package raised itself (a bad argument it checked before calling the library).
+    ``param``, ``step`` and ``rank``: what a server's error names (the parameter, the step, a
+    rank), "" and -1 where it names none or the error is not the server's."""
 
     def __init__(self, message: str, code: int = MUON_ERR_INTERNAL, error_code: int = 0,
-                 error_name: str = ""):
+                 error_name: str = "", param: str = "", step: int = -1, rank: int = -1):
         super().__init__(message)
         self.code = code
         self.error_code = error_code
         self.error_name = error_name
+        self.param = param
+        self.step = step
+        self.rank = rank
 
     def with_message(self, message: str) -> "MuonOffloadError":
         """The same error type and codes with another message (to add advice when re-raising)."""
-        return type(self)(message, self.code, self.error_code, self.error_name)
+        return type(self)(message, self.code, self.error_code, self.error_name, self.param,
+                          self.step, self.rank)
 
 
 class InvalidArgument(MuonOffloadError, ValueError):
@@ -104,17 +110,20 @@ class Timeout(MuonOffloadError, TimeoutError):
             "`muon-offload status --job NAME` (the launcher prints the name), or one with "
             "`muon-offload status --socket SOCKET`; raise the timeout only if steps are that slow.")
 
-    #: For the server's own verdict: a step whose ranks did not all commit in time.
+    #: For the server's own verdict on a parameter: its ranks did not all register it, or did
+    #: not all push and commit a step, in time.
     STEP_HINT = ("The wait is the server's step timeout (muon-offloadd --step-timeout-ms, "
-                 "default 30000): the ranks named never pushed and committed this step (stalled, "
-                 "stopped, or slower than that); see every server of the job with "
-                 "`muon-offload status --job NAME`.")
+                 "default 30000): the ranks named never registered the parameter, or never "
+                 "pushed and committed this step (stalled, stopped, or slower than that); see "
+                 "every server of the job with `muon-offload status --job NAME`.")
 
     def __init__(self, message: str, code: int = MUON_ERR_TIMEOUT, error_code: int = 0,
-                 error_name: str = ""):
-        hint = self.STEP_HINT if "did not commit within" in message else self.HINT
+                 error_name: str = "", param: str = "", step: int = -1, rank: int = -1):
+        # The server's own verdict names its parameter (a registration's, or a step's): its
+        # --step-timeout-ms; a wait of this client names none: the client's timeout.
+        hint = self.STEP_HINT if error_name == "timeout" and param else self.HINT
         super().__init__(message if hint in message else f"{message}\n{hint}", code,
-                         error_code, error_name)
+                         error_code, error_name, param, step, rank)
 
 
 class DeviceError(MuonOffloadError):

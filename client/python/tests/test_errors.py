@@ -230,6 +230,9 @@ def test_each_cause_a_real_server_sends_reaches_python_as_its_type(server_factor
         ranks[0].wait_update("t", 0, out)
     assert (type(e.value), e.value.error_name, e.value.error_code) == (Timeout, "timeout", 6)
     assert "did not commit within 1500 ms" in str(e.value), str(e.value)
+    # What the server's verdict names comes as fields, and picks the server's knob for the hint.
+    assert (e.value.param, e.value.step, e.value.rank) == ("t", 0, 1)
+    assert "--step-timeout-ms" in str(e.value), str(e.value)
     for c in ranks:
         c.close()
 
