@@ -27,6 +27,7 @@ Short form (the test command): 3 owner kills each. Long form by hand:
 import contextlib
 import os
 import random
+import signal
 import statistics
 import time
 import warnings
@@ -267,6 +268,29 @@ def test_owner_and_buddy_both_killed_behind_the_relay_the_error_counts_the_steps
             s.stop()
 
 
+@contextlib.contextmanager
+def worker_logs(tmp, ctx):
+    """Kills the ranks of ``ctx`` (torch.multiprocessing) still running at the end. When the
+    body failed, first asks them for their Python stacks (SIGUSR1: where a hang waits), then
+    prints every rank's log (failover_worker.py: its stdout and stderr)."""
+    try:
+        yield
+    except BaseException:
+        alive = [p for p in ctx.processes if p.is_alive()]
+        for p in alive:
+            os.kill(p.pid, signal.SIGUSR1)
+        if alive:
+            time.sleep(1.0)  # the stacks written before the kill below
+        for r in range(len(ctx.processes)):
+            log = tmp / f"rank{r}.log"
+            print(f"--- rank {r} log ---\n" + (log.read_text()[-6000:] if log.exists() else ""))
+        raise
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+
+
 def wait_for(cond, what, timeout=60.0):
     """Polls ``cond()`` until true; AssertionError naming ``what`` after ``timeout`` s."""
     give_up = time.monotonic() + timeout
@@ -288,38 +312,34 @@ def test_two_ranks_one_behind_a_relay_one_straight_to_the_owner_lose_no_step(tmp
     ctx = mp.spawn(failover_worker.run, args=(init, str(path), socks, str(tmpdir_private)),
                    nprocs=2, join=False)
     rng, kill_times = random.Random(31), []
-    with reported(servers, shm_before):
-        try:
-            wait_for(lambda: all(replicas(socks[buddy]).get(n, -1) >= 2 for n in MUON),
-                     "the ranks' first steps")
-            for _ in range(KILLS):
-                time.sleep(rng.uniform(0.0, 0.15))
-                kill_times.append(time.monotonic())
-                servers[owner].kill()
-                servers[owner].restart()  # empty: the new owner's buddy
-                owner, buddy = buddy, owner
-                wait_for(lambda: all(n in replicas(socks[buddy]) for n in MUON),
-                         f"the replicas back on server {buddy}")
-            (tmpdir_private / "stop").write_text("")
-            # A hang guard (a rank stuck in a collective never returns), with time for the
-            # in-process reference of every step the soak took (50 kills: ~14000 steps).
-            for _ in range(24 + 4 * KILLS):
-                if ctx.join(timeout=5):
-                    break
-            else:
-                raise AssertionError(f"the ranks did not finish within {120 + 20 * KILLS} s "
-                                     "(a hang)")
-        finally:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.kill()
-    outs = [torch.load(tmpdir_private / f"rank{r}.pt") for r in (0, 1)]
-    for r, o in enumerate(outs):
-        assert o["error"] is None, f"rank {r}: {o['error']}"
-        assert all(torch.equal(p, q) for p, q in zip(o["params"], o["reference"])), r
-    assert outs[0]["steps"] == outs[1]["steps"]
-    moved = [w for w in outs[1]["warnings"] if "which holds their replica" in w]
-    assert len(moved) == KILLS and not outs[0]["warnings"], (outs[0]["warnings"], moved)
+    # The servers stop last: a rank that hangs is asked for its stacks while they still run.
+    with reported(servers, shm_before), worker_logs(tmpdir_private, ctx):
+        wait_for(lambda: all(replicas(socks[buddy]).get(n, -1) >= 2 for n in MUON),
+                 "the ranks' first steps")
+        for _ in range(KILLS):
+            time.sleep(rng.uniform(0.0, 0.15))
+            kill_times.append(time.monotonic())
+            servers[owner].kill()
+            servers[owner].restart()  # empty: the new owner's buddy
+            owner, buddy = buddy, owner
+            wait_for(lambda: all(n in replicas(socks[buddy]) for n in MUON),
+                     f"the replicas back on server {buddy}")
+        (tmpdir_private / "stop").write_text("")
+        # A hang guard (a rank stuck in a collective never returns), with time for the
+        # in-process reference of every step the soak took (50 kills: ~14000 steps).
+        for _ in range(24 + 4 * KILLS):
+            if ctx.join(timeout=5):
+                break
+        else:
+            raise AssertionError(f"the ranks did not finish within {120 + 20 * KILLS} s "
+                                 "(a hang)")
+        outs = [torch.load(tmpdir_private / f"rank{r}.pt") for r in (0, 1)]
+        for r, o in enumerate(outs):
+            assert o["error"] is None, f"rank {r}: {o['error']}"
+            assert all(torch.equal(p, q) for p, q in zip(o["params"], o["reference"])), r
+        assert outs[0]["steps"] == outs[1]["steps"]
+        moved = [w for w in outs[1]["warnings"] if "which holds their replica" in w]
+        assert len(moved) == KILLS and not outs[0]["warnings"], (outs[0]["warnings"], moved)
     kill_to_step = [min(e for e in outs[0]["ends"] if e > t) - t for t in kill_times]
     print(f"\nfailover soak (2 ranks, relay + direct): {KILLS} owner kills over "
           f"{outs[0]['steps']} steps, 0 errors seen by the trainers; kill to next completed "
