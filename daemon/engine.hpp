@@ -144,6 +144,13 @@ class Engine {
 
   Param& registered_param(const std::string& name, const SessionPtr& s);
   void complete_registration(const std::string& name, Param& p);
+  /// The first registration `m` (from `rank`, with `spec`) of a parameter owned here whose
+  /// replica this server holds (its owner was lost, or it comes back to its restarted owner):
+  /// when the replica names the owner's registrants (the same as here, `rank` with the ranges
+  /// of `m`), the others are added to p.pending with the ranges they had there, so that the
+  /// registration is complete with `m`. Their own registrations then answer as re-registrations.
+  void registrants_from_replica(Param& p, const ParameterSpec& spec, int rank,
+                                const transport::RegisterParam& m);
   /// A registration `m` of a registered parameter from another job, or from its job restarted
   /// at another world size: once no compute rank of the parameter's job is connected, forgets
   /// the parameter so that `m` registers it anew: fresh, or (the same job, or m.resume) keeping

@@ -69,6 +69,7 @@ void ReplicaStore::seal(const transport::RegisterParam& m, int source) {
   r.step = m.replica_step;
   r.outcome = m.replica_outcome;
   r.source = source;
+  r.registrants = m.replica_registrants;
   r.momentum = std::move(st.momentum);
   r.update = std::move(st.update);
   staging_.erase(it);

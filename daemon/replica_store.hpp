@@ -37,6 +37,10 @@ struct Replica {
   /// "backend").
   std::string outcome = "registered";
   int source = -1;  ///< the plan id of the owner that sent it
+  /// The owner's registrants and their ranges (empty from an owner that does not send them):
+  /// a takeover's registration is complete with the first of them
+  /// (Engine::registrants_from_replica).
+  std::vector<transport::RegistrantRanges> registrants;
 };
 
 class ReplicaStore {

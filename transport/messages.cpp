@@ -114,6 +114,9 @@ class Reader {
 constexpr size_t kMaxRanges = 4096;
 constexpr size_t kMaxExpandedRanges = size_t{1} << 20;
 constexpr int64_t kMaxElements = int64_t{1} << 40;
+// Registrants a replica seal may name: every compute rank of the largest world size a hello
+// takes (2^20) and every relay (kMaxRelayServers).
+constexpr size_t kMaxRegistrants = (size_t{1} << 20) + kMaxRelayServers;
 
 // A push / want list: [begin, end) pairs and [begin, end, rows, pitch] blocks (RangeBlock),
 // expanded here into ranges, in order.
@@ -258,6 +261,16 @@ std::string encode(const RegisterParam& m) {
     j["replica"] = true;
     j["replica_step"] = m.replica_step;
     j["replica_outcome"] = m.replica_outcome;
+    if (!m.replica_registrants.empty()) {
+      json rs = json::array();
+      for (const auto& r : m.replica_registrants) {
+        rs.push_back({{"rank", r.rank},
+                      {"push", ranges_json(r.push)},
+                      {"want", ranges_json(r.want)},
+                      {"packed", r.packed}});
+      }
+      j["replica_registrants"] = std::move(rs);
+    }
   }
   return j.dump();
 }
@@ -407,6 +420,15 @@ RegisterParam decode<RegisterParam>(const std::string& p) {
   if (m.replica) {
     m.replica_step = r.i64("replica_step", -1, kMaxStep);
     m.replica_outcome = r.str("replica_outcome", 64);
+    if (r.has("replica_registrants")) {
+      for (const auto& e : r.array("replica_registrants", kMaxRegistrants)) {
+        if (!e.is_object()) r.fail("field 'replica_registrants' must hold objects");
+        const Reader g(e, "register_param.replica_registrants[]");
+        m.replica_registrants.push_back(
+            {static_cast<int>(g.i64("rank", 0, std::numeric_limits<int>::max())),
+             read_ranges(g, "push"), read_ranges(g, "want"), g.bool_or("packed", false)});
+      }
+    }
   }
   return m;
 }

@@ -139,6 +139,15 @@ struct HealthOk {
   int parameters = 0;
 };
 
+/// One registrant of a parameter and the ranges it registered, as the owner holds them (a
+/// replica seal's RegisterParam::replica_registrants).
+struct RegistrantRanges {
+  int rank = 0;  ///< a compute rank, or a relay's rank (relay_rank)
+  std::vector<Range> push;
+  std::vector<Range> want;
+  bool packed = false;
+};
+
 struct RegisterParam {
   std::string name;
   std::vector<int64_t> shape;  ///< [rows, cols] or [batch, rows, cols]
@@ -175,6 +184,12 @@ struct RegisterParam {
   bool replica = false;
   int64_t replica_step = -1;
   std::string replica_outcome;
+  /// On a seal (optional on the wire, absent = none: an owner that predates it): the owner's
+  /// registrants and the ranges each registered. A takeover's registration is complete with the
+  /// first of them that registers at the buddy (daemon/registry/registry.cpp): a rank that had
+  /// the lost owner's last update comes only at its next step, which may wait, through a
+  /// collective, for a rank whose update the takeover owes.
+  std::vector<RegistrantRanges> replica_registrants;
 };
 /// Bytes a RegisterParam::job may have.
 constexpr size_t kMaxJob = 256;

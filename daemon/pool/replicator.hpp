@@ -7,8 +7,9 @@
 // Wire: a replica session (hello as transport::replica_rank(world_size, this server's id)) per
 // buddy; per replicated step, the momentum as replica_momentum chunks and the update as
 // replica_update chunks (fp32, the push's step is the replica step + 1: a push's step is never
-// negative), then a RegisterParam with replica = true that seals them; its register_ok is the
-// buddy's acknowledgement.
+// negative), then a RegisterParam with replica = true that seals them and names the owner's
+// registrants with their ranges (a takeover's registration needs only the first of them); its
+// register_ok is the buddy's acknowledgement.
 //
 // Threads: none of its own. Each buddy is reached through a PeerLink (daemon/pool/peer_link.hpp)
 // on the server's io_context; a buddy's jobs go out in call order. A buddy that cannot be reached
@@ -44,7 +45,8 @@ struct ReplicatorConfig {
 /// One replicated step of one parameter.
 struct ReplicaJob {
   int target = -1;  ///< the buddy's plan id
-  /// The seal: name, shape, dtypes, options; replica = true, replica_step, replica_outcome.
+  /// The seal: name, shape, dtypes, options; replica = true, replica_step, replica_outcome,
+  /// replica_registrants.
   transport::RegisterParam seal;
   const float* momentum = nullptr;  ///< numel fp32; unchanged until the job's done ran
   const float* update = nullptr;    ///< numel fp32, or null (no update to replicate)

@@ -73,6 +73,7 @@ void Engine::on_register(const SessionPtr& s, const Frame& f) {
       p.job = m.job;
       p.resume = m.resume;
       p.world_size = world_size_;
+      registrants_from_replica(p, spec, s->rank, m);
     } else if (m.job != p.job) {
       throw InvalidArgument("parameter '" + m.name + "': " + rank_name(s->rank) +
                             " registers it for job '" + m.job + "', the ranks before it for job '" +
@@ -99,6 +100,57 @@ void Engine::on_register(const SessionPtr& s, const Frame& f) {
     if (fresh && p.waiting.empty()) params_.erase(m.name);
     throw;
   }
+}
+
+void Engine::registrants_from_replica(Param& p, const ParameterSpec& spec, int rank,
+                                      const transport::RegisterParam& m) {
+  // Why not wait for every registrant, as a first registration does: a takeover owes the step
+  // in flight to the ranks whose update the lost owner had not sent yet (a relay among them),
+  // while a rank that had it registers here only when its next step needs this server, and
+  // that rank may first wait, in a collective of the trainer, for a rank the takeover owes.
+  const Replica* replica = replicas_.find(spec.name);
+  if (replica == nullptr || replica->registrants.empty() || !p.role->keeps_momentum_here()) {
+    return;
+  }
+  ParameterSpec had = spec;
+  had.shape = matrix_shape_from_dims(replica->shape, spec.name);
+  had.grad_dtype = replica->grad_dtype;
+  had.update_dtype = replica->update_dtype;
+  had.options = replica->options;
+  std::vector<int> ranks, others;
+  const transport::RegistrantRanges* mine = nullptr;
+  for (const auto& r : replica->registrants) {
+    ranks.push_back(r.rank);
+    if (r.rank == rank) {
+      mine = &r;
+    } else {
+      others.push_back(r.rank);
+    }
+  }
+  std::sort(ranks.begin(), ranks.end());
+  std::sort(others.begin(), others.end());
+  // Only the layout the owner had: another one registers the ordinary way, every registrant.
+  if (!same_spec(had, spec) || ranks != p.pending->registrants() || mine == nullptr ||
+      mine->packed != m.packed || !same_ranges(sorted(mine->push), sorted(m.push)) ||
+      !same_ranges(sorted(mine->want), sorted(m.want))) {
+    return;
+  }
+  PendingRegistration filled = *p.pending;
+  try {
+    for (const auto& r : replica->registrants) {
+      if (r.rank != rank) filled.add(r.rank, spec, r.push, r.want, r.packed);
+    }
+  } catch (const InvalidArgument& e) {
+    log()->warn("parameter '{}': the registrants its replica names do not fit ({}); it waits "
+                "for every registrant",
+                spec.name, e.message());
+    return;
+  }
+  p.pending = std::move(filled);
+  // A warning, as the takeover's own: the ranks named registered it with the lost owner only.
+  log()->warn("parameter '{}': {} registered it first; ranks {} stand registered as the "
+              "replica of server {} names them until they register here",
+              spec.name, rank_name(rank), ranks_text(others, world_size_), replica->source);
 }
 
 void Engine::hand_over(const transport::RegisterParam& m, const SessionPtr& s) {

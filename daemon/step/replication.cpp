@@ -48,6 +48,10 @@ void Engine::replicate_then(const std::string& name, Param& p, int target, int64
     job.seal.replica = true;
     job.seal.replica_step = step;
     job.seal.replica_outcome = outcome;
+    for (int r : q.layout->registrants) {
+      const auto& ranges = q.layout->ranks.at(static_cast<size_t>(r));
+      job.seal.replica_registrants.push_back({r, ranges.push, ranges.want, ranges.packed});
+    }
     job.momentum = q.momentum.data();
     job.update = update;
     job.numel = spec.shape.numel();

@@ -406,6 +406,7 @@ TEST(ReplicaStore, AStepIsKeptOnlyOnceSealedWhole) {
   EXPECT_EQ(store.find("w")->momentum, m0);
   EXPECT_EQ(store.find("w")->update, u0);
   EXPECT_EQ(store.find("w")->source, 1);
+  EXPECT_TRUE(store.find("w")->registrants.empty());  // an owner that sends none
   // Step 5 half streamed (the owner lost mid-stream): its seal is refused, step 4 stays whole.
   const std::vector<float> m1{9, 9, 9};
   store.stage("w", 1, ChunkKind::replica_momentum, 5, 0, m1);
@@ -419,11 +420,16 @@ TEST(ReplicaStore, AStepIsKeptOnlyOnceSealedWhole) {
   store.stage("w", 1, ChunkKind::replica_momentum, 7, 0, m0);
   expect_throw_with<InvalidArgument>([&] { store.seal(seal_of("w", 7, "applied"), 1); },
                                      {"0 update values staged for outcome 'applied'"});
-  // The registration state: momentum only.
+  // The registration state: momentum only, and the owner's registrants with their ranges.
   store.stage("v", 2, ChunkKind::replica_momentum, -1, 0, m0);
-  store.seal(seal_of("v", -1, "registered"), 2);
+  auto registered = seal_of("v", -1, "registered");
+  registered.replica_registrants = {{0, {{0, 6}}, {{0, 6}}, true}, {3, {{0, 6}}, {}, false}};
+  store.seal(registered, 2);
   EXPECT_EQ(store.find("v")->step, -1);
   EXPECT_TRUE(store.find("v")->update.empty());
+  ASSERT_EQ(store.find("v")->registrants.size(), 2u);
+  EXPECT_EQ(store.find("v")->registrants[1].rank, 3);
+  EXPECT_TRUE(store.find("v")->registrants[1].want.empty());
   // Taken over: out of the store.
   const auto taken = store.take("w");
   ASSERT_TRUE(taken);

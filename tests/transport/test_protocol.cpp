@@ -251,6 +251,25 @@ TEST(Messages, ReplicaHelloAndSealRoundTrip) {
   EXPECT_TRUE(s2.replica);
   EXPECT_EQ(s2.replica_step, -1);
   EXPECT_EQ(s2.replica_outcome, "registered");
+  EXPECT_TRUE(s2.replica_registrants.empty());  // an owner that sends none
+  EXPECT_EQ(encode(seal).find("replica_registrants"), std::string::npos);
+  // The owner's registrants and their ranges (a column block as one block on the wire).
+  seal.replica_registrants = {{1, {{0, 16}}, {{0, 16}}, false},
+                              {relay_rank(8, 0), {{1, 3}, {5, 7}, {9, 11}}, {}, true}};
+  const auto s3 = decode<RegisterParam>(encode(seal));
+  ASSERT_EQ(s3.replica_registrants.size(), 2u);
+  EXPECT_EQ(s3.replica_registrants[0].rank, 1);
+  EXPECT_EQ(s3.replica_registrants[0].push, (std::vector<Range>{{0, 16}}));
+  EXPECT_FALSE(s3.replica_registrants[0].packed);
+  EXPECT_EQ(s3.replica_registrants[1].rank, relay_rank(8, 0));
+  EXPECT_EQ(s3.replica_registrants[1].push, (std::vector<Range>{{1, 3}, {5, 7}, {9, 11}}));
+  EXPECT_TRUE(s3.replica_registrants[1].want.empty());
+  EXPECT_TRUE(s3.replica_registrants[1].packed);
+  std::string bad = encode(seal);
+  bad.replace(bad.find("\"rank\":1,"), 9, "\"rank\":-1,");
+  expect_protocol_error([&] { decode<RegisterParam>(bad); },
+                        "register_param.replica_registrants[]: field 'rank' = -1");
+  seal.replica_registrants.clear();
   // A registration carries none of it.
   seal.replica = false;
   EXPECT_EQ(encode(seal).find("replica"), std::string::npos);

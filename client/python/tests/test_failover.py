@@ -16,6 +16,8 @@ its replica, and the relay pushes the step in flight there again: the trainer se
 - both of the pair killed: the error says so and counts the steps lost against the snapshot,
   for a rank pushing straight to the owner and for one behind the relay (whose error names
   what the lost servers snapshot: the rank counts);
+- a takeover's registration answered to the first registrant (the relay), not waiting for a
+  rank straight to the owner that has no reason to come yet: bitwise, deterministic;
 - 2 gloo ranks, rank 0 behind the relay and rank 1 straight to the owner: the same soak while
   both step on (failover_worker.py), bitwise on both ranks;
 - the buddy killed alone: a warning in the owner's log, training goes on bitwise, the restarted
@@ -31,14 +33,16 @@ import signal
 import statistics
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
 
 import failover_worker
 from helpers import TinyNet, free_port, param_diff, same_params, train
-from muon_offload import ConnectionLost, PeerLost, crash_report
+from muon_offload import Client, ConnectionLost, PeerLost, crash_report, local_update
 from muon_offload.torch import InProcessMuon, OffloadMuon
 from pool import (failover_plan, kill_owners, replicas, server_logs, shm_segments, start_pool,
                   status, train_until_replicated)
@@ -297,6 +301,71 @@ def wait_for(cond, what, timeout=60.0):
     while not cond():
         assert time.monotonic() < give_up, f"{what} within {timeout} s"
         time.sleep(0.02)
+
+
+def gathering(socket, name):
+    """The step server ``socket`` gathers for ``name`` once it is registered there, else None."""
+    for p in status(socket).get("parameters", []):
+        if p["name"] == name and p.get("registered"):
+            return p.get("gathering_step")
+    return None
+
+
+def test_a_takeover_answers_its_first_registrant_without_the_ranks_that_are_not_there_yet(
+        tmpdir_private):
+    """The owner's replicas name its registrants and their ranges, so the buddy's registration
+    of a taken-over parameter is complete with the first registrant that comes. Rank 0 behind
+    relay server 0 and rank 1 straight to the owner (server 1, buddy 2) take steps 0 and 1; the
+    owner is SIGKILLed between steps; rank 0 pushes step 2 and the relay registers the
+    parameter with the buddy, which answers at once and gathers the step while rank 1 is not
+    there. Waiting for rank 1 instead hung the 2-rank soak below: a rank that had the lost
+    owner's last update comes only with its next step, and a trainer's collective between the
+    steps waited for rank 0, whose update of that step the relay could get only once its
+    registration was answered. Rank 1 then registers with the buddy and pushes step 2: both
+    ranks get its update, bitwise the in-process one."""
+    plan, owner, buddy = failover_plan(["w"], "mixed")
+    socks, servers, _ = start_pool(tmpdir_private, plan)
+    shape, opts = (12, 20), {"mu": 0.9}
+    rng = np.random.default_rng(5)
+    grads = [[rng.standard_normal(shape).astype(np.float32) for _ in range(2)] for _ in range(3)]
+    mom, ref = np.zeros(shape, np.float32), np.empty(shape, np.float32)
+    pool = ThreadPoolExecutor(2)
+
+    def step(client, rank, s):
+        client.push("w", s, 0, grads[s][rank])
+        client.commit("w", s)
+        out = np.empty(shape, np.float32)
+        assert client.wait_update("w", s, out)
+        return out
+
+    with reported(servers, set(shm_segments())), pool:
+        r0 = Client([socks[0]], rank=0, world_size=2)
+        r1 = Client([socks[owner]], rank=1, world_size=2)
+        clients = [r0, r1]
+        try:
+            for f in [pool.submit(c.register, "w", shape, opts) for c in clients]:
+                f.result(timeout=60)  # a registration waits for every registrant
+            for s in range(2):
+                outs = [f.result(timeout=60)
+                        for f in [pool.submit(step, c, r, s) for r, c in enumerate(clients)]]
+                assert local_update("w", shape, opts, grads[s][1] + grads[s][0], mom, ref)
+                assert all(np.array_equal(o, ref) for o in outs), s
+            assert replicas(socks[buddy]) == {"w": 1}
+            servers[owner].kill()
+            late = pool.submit(step, r0, 0, 2)
+            wait_for(lambda: gathering(socks[buddy], "w") == 2,
+                     "the buddy answering the relay's registration and gathering step 2",
+                     timeout=10.0)
+            assert not late.done()  # rank 1's gradient is still missing
+            clients.append(Client([socks[buddy]], rank=1, world_size=2))
+            clients[-1].register("w", shape, opts)  # the replica's ranges: answered at once
+            mine = step(clients[-1], 1, 2)
+            outs = [late.result(timeout=60), mine]
+            assert local_update("w", shape, opts, grads[2][1] + grads[2][0], mom, ref)
+            assert all(np.array_equal(o, ref) for o in outs)
+        finally:
+            for c in clients:
+                c.close()
 
 
 def test_two_ranks_one_behind_a_relay_one_straight_to_the_owner_lose_no_step(tmpdir_private):
