@@ -2,6 +2,7 @@
 // message that reaches a user or a log names its origin (DeepEP-style host exceptions).
 #pragma once
 
+#include <exception>
 #include <source_location>
 #include <stdexcept>
 #include <string>
@@ -60,5 +61,18 @@ class DeviceError : public Error {
                        std::source_location where = std::source_location::current())
       : Error(message, where) {}
 };
+
+/// The message of the exception `error` holds (what()), for a failure handed on as an
+/// exception_ptr (e.g. a device copy's, daemon/completion_queue.hpp); "unknown error" for one
+/// that is no std::exception. `error` must not be null.
+inline std::string message_of(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
 
 }  // namespace muon

@@ -8,6 +8,7 @@
 #include <span>
 #include <vector>
 
+#include "core/error.hpp"
 #include "daemon/log.hpp"
 #include "kernels/bf16.hpp"
 #include "kernels/range_set.hpp"
@@ -164,13 +165,7 @@ void Engine::send_update(const std::string& name, Param& p, NsJob& job, int only
     p.storage->read_update(job, [this, param, name, step = job.step, dt, esize, host_chunks](
                                     const float* update, std::exception_ptr error) {
       if (error) {
-        std::string what = "unknown error";
-        try {
-          std::rethrow_exception(error);
-        } catch (const std::exception& e) {
-          what = e.what();
-        }
-        return_failed(*param, name, step, what);
+        return_failed(*param, name, step, message_of(error));
         return;
       }
       for (auto& h : *host_chunks) {

@@ -29,12 +29,8 @@ void Engine::with_host_momentum(const std::string& name, Param& p,
   p.storage->refresh_momentum(p.momentum, [this, param, name, then = std::move(then)](
                                               std::exception_ptr error) {
     if (error) {
-      try {
-        std::rethrow_exception(error);
-      } catch (const std::exception& e) {
-        log()->error("parameter '{}': reading its momentum back from the GPU failed: {}", name,
-                     e.what());
-      }
+      log()->error("parameter '{}': reading its momentum back from the GPU failed: {}", name,
+                   message_of(error));
       metrics_.error(ErrorCode::backend);
     }
     then(*param, !error);

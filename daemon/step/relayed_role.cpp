@@ -2,6 +2,7 @@
 // owner server keeps the momentum; a step's partial sum over the domain's ranks goes to it
 // through the Relay (daemon/pool/relay.hpp), and the owner's update or error comes back to
 // Engine::finish_relayed. The device storage, if any, holds no momentum.
+#include "core/error.hpp"
 #include "daemon/engine.hpp"
 #include "daemon/log.hpp"
 #include "daemon/step/parameter_role.hpp"
@@ -87,17 +88,11 @@ class RelayedRole final : public ParameterRole {
                           [&e](RelayStep done) { e.finish_relayed(std::move(done)); });
         return;
       }
-      std::string what = "unknown error";
-      try {
-        std::rethrow_exception(g.error);
-      } catch (const std::exception& x) {
-        what = x.what();
-      }
       g.step.error = ErrorMsg{ErrorCode::backend,
                               "parameter '" + g.step.name + "' step " +
                                   std::to_string(g.step.step) +
                                   ": reading the reduced gradient back from the GPU failed: " +
-                                  what,
+                                  message_of(g.error),
                               g.step.name, g.step.step, -1};
       e.finish_relayed(std::move(g.step));
     };
