@@ -9,6 +9,8 @@
 #
 # Short form (what CTest runs as soak_short): scripts/soak.sh   (3 clients x 30 steps, 2 kills)
 # Long form (by hand):  scripts/soak.sh --clients 4 --steps 2000 --kill-every 50
+#                       scripts/soak.sh --server-arg=--defer-host-copies ...  (the GPU path's
+#                       continuations on the CPU: daemon/README)
 #                       scripts/soak.sh --clients 4 --shapes gpt2 --steps 0 --duration 300
 # BUILD_DIR (default build/) and JOBS (default 2) choose where and how wide to build; the script
 # builds muon_soak (with muon-offloadd and muon_soak_rank) when it is missing, or with --build.

@@ -47,6 +47,8 @@ int main(int argc, char** argv) {
   app.add_option("--seed", c.seed, "seed of the kill schedule and the chunking")
       ->capture_default_str();
   app.add_option("--server", c.server_bin, "muon-offloadd binary")->capture_default_str();
+  app.add_option("--server-arg", c.server_args,
+                 "one more flag for the server, repeatable (e.g. --server-arg=--defer-host-copies)");
   app.add_option("--rank-bin", c.rank_bin, "muon_soak_rank binary")->capture_default_str();
   app.add_option("--work-dir", c.work_dir, "logs, events, result.json (default: a new /tmp dir)");
   app.add_option("--json", c.json_path, "write the result as JSON here too");

@@ -73,13 +73,14 @@ void SoakDriver::start_server() {
   socket_ = (fs::path(c_.work_dir) / "soak.sock").string();
   const auto hang_ms = static_cast<int64_t>(c_.hang_s * 1000);
   server_start_wall_s_ = static_cast<int64_t>(std::time(nullptr));
-  server_ = std::make_unique<ChildProcess>(
-      std::vector<std::string>{
-          c_.server_bin, "--socket", socket_, "--backend", "cpu", "--threads", "1", "--log-level",
-          "info", "--tx-slots", std::to_string(c_.tx_slots), "--rx-slots",
-          std::to_string(c_.rx_slots), "--slot-kib", std::to_string(c_.slot_kib),
-          "--step-timeout-ms", std::to_string(hang_ms / 3)},
-      (fs::path(c_.work_dir) / "server.log").string(), false);
+  std::vector<std::string> argv = {
+      c_.server_bin, "--socket", socket_, "--backend", "cpu", "--threads", "1", "--log-level",
+      "info", "--tx-slots", std::to_string(c_.tx_slots), "--rx-slots",
+      std::to_string(c_.rx_slots), "--slot-kib", std::to_string(c_.slot_kib),
+      "--step-timeout-ms", std::to_string(hang_ms / 3)};
+  argv.insert(argv.end(), c_.server_args.begin(), c_.server_args.end());
+  server_ = std::make_unique<ChildProcess>(argv, (fs::path(c_.work_dir) / "server.log").string(),
+                                           false);
   t0_ = Clock::now();
   for (;;) {
     const auto s = server_status(socket_, 1s);

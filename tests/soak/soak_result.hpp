@@ -28,6 +28,8 @@ struct SoakConfig {
   uint64_t slot_kib = 0;  ///< 0: a random size per run, so that its segments stand out
   uint64_t seed = 1;
   std::string server_bin, rank_bin, work_dir, json_path;
+  /// More flags for the server (--server-arg, repeatable), e.g. --defer-host-copies.
+  std::vector<std::string> server_args;
   bool keep = false;
   uint64_t segment_bytes() const { return (uint64_t{tx_slots} + rx_slots) * slot_kib * 1024; }
 };
