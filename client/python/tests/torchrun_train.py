@@ -3,6 +3,7 @@
 the process group from torchrun's environment, the model under DistributedDataParallel,
 OffloadMuon on the launcher's servers (MUON_OFFLOAD_SERVERS), and the same training with
 InProcessMuon as the reference. Writes OUT/rank<r>.pt."""
+import faulthandler
 import os
 import sys
 
@@ -33,6 +34,9 @@ def train(opt_class, rank, **kw):
 
 
 def main():
+    # A rank that aborts in C++ ("terminate called without an active exception", seen twice
+    # under load, 2026-12-07) prints where each Python thread was.
+    faulthandler.enable(all_threads=True)
     torch.set_num_threads(1)
     dist.init_process_group("gloo")  # RANK, WORLD_SIZE, MASTER_ADDR/PORT from torchrun
     rank = dist.get_rank()
