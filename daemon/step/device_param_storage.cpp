@@ -132,10 +132,11 @@ class DeviceParamStorage final : public ParamStorage {
     auto block = plane_.pinned(param_->numel);
     auto done = plane_.read_grad_async(*param_, block.get());
     const auto n = static_cast<size_t>(param_->numel);
-    complete(std::move(done), [block, &grad, n, then = std::move(then)](std::exception_ptr e) {
-      if (!e) std::copy_n(block.get(), n, grad.data());
-      then(e);
-    });
+    completions_.when(std::move(done),
+                      [block, &grad, n, then = std::move(then)](std::exception_ptr e) {
+                        if (!e) std::copy_n(block.get(), n, grad.data());
+                        then(e);
+                      });
   }
   void refresh_momentum(std::vector<float>& host, Done then) override {
     if (!param_->has_momentum) {
@@ -144,10 +145,11 @@ class DeviceParamStorage final : public ParamStorage {
     }
     auto block = plane_.pinned(param_->numel);
     auto done = plane_.read_momentum_async(*param_, block.get());
-    complete(std::move(done), [block, &host, then = std::move(then)](std::exception_ptr e) {
-      if (!e) std::copy_n(block.get(), host.size(), host.data());
-      then(e);
-    });
+    completions_.when(std::move(done),
+                      [block, &host, then = std::move(then)](std::exception_ptr e) {
+                        if (!e) std::copy_n(block.get(), host.size(), host.data());
+                        then(e);
+                      });
   }
   void write_momentum(int64_t offset, std::span<const float> values) override {
     if (!param_->has_momentum || values.empty()) return;
@@ -155,32 +157,29 @@ class DeviceParamStorage final : public ParamStorage {
     auto block = plane_.pinned(count);
     std::copy(values.begin(), values.end(), block.get());
     // The block stays until the copy is done; a failure shows at the next step's reduction.
-    complete(plane_.write_momentum_async(*param_, offset, block.get(), count),
-             [block](std::exception_ptr) {});
+    completions_.when(plane_.write_momentum_async(*param_, offset, block.get(), count),
+                      [block](std::exception_ptr) {});
   }
   void read_update(NsJob&, HostValues then) override {
     auto block = plane_.pinned(param_->numel);
     auto done = plane_.read_update_async(*param_, block.get());
-    complete(std::move(done), [block, then = std::move(then)](std::exception_ptr e) {
-      then(e ? nullptr : block.get(), e);
-    });
+    completions_.when(std::move(done),
+                      [block, then = std::move(then)](std::exception_ptr e) {
+                        then(e ? nullptr : block.get(), e);
+                      });
   }
   void upload_update(const std::vector<float>& update) override {
     auto block = plane_.pinned(param_->numel);
     std::copy_n(update.data(), static_cast<size_t>(param_->numel), block.get());
-    complete(plane_.write_update_async(*param_, block.get()), [block](std::exception_ptr) {});
+    completions_.when(plane_.write_update_async(*param_, block.get()),
+                      [block](std::exception_ptr) {});
   }
   void updates_enqueued() override { plane_.updates_enqueued(*param_); }
   DeviceParamState* device_state() override { return param_.get(); }
 
  private:
-  /// `then` once `done` says so, only while this storage lives (param_storage.hpp).
-  void complete(DevicePlane::CopyDone done, Done then) {
-    completions_.when(std::move(done), std::move(then));
-  }
-
   DevicePlane& plane_;
-  OwnedCompletions completions_;
+  OwnedCompletions completions_;  // runs a continuation only while this storage lives
   DeviceParamPtr param_;
 };
 
