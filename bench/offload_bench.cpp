@@ -1,6 +1,7 @@
 // muon_offload_bench: what the server costs a trainer, measured against references in the same
 // run (architecture guide section 9):
-//   transport/<tile>       tile streaming into a live server vs memcpy of the same bytes
+//   transport/<tile>       tile streaming into a live server vs memcpy of the same bytes, and vs
+//                          the same tiles handed between two threads by spinning (no protocol)
 //   step/gpt2_small/<k>    one optimizer step of GPT-2 small's 48 Muon matrices through the server
 //                          with k client ranks vs the same kernels in process, and the time
 //                          exposed after the last push when pushes are paced like backward
@@ -12,6 +13,7 @@
 #include <benchmark/benchmark.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <random>
@@ -22,6 +24,7 @@
 #include "client/client.hpp"
 #include "client/health_probe.hpp"
 #include "kernels/backend.hpp"
+#include "kernels/streaming_copy.hpp"
 
 namespace {
 
@@ -59,6 +62,46 @@ client::ParameterRegistration param(const std::string& name, int64_t r, int64_t 
 // copies the same tiles, in the same order, into a warm buffer of the parameter's size with
 // memcpy in this process: the cost of moving these bytes once. One untimed step first warms the
 // server's buffers (steady state, as from a trainer's second step on).
+//
+// A second reference, `tile_bw/handoff_bw`, tells the machine from the code: the same bytes
+// handed from this thread to another in a shm session's chunks (a tile, at most
+// transport::kShmChunkBytes) through a ring of 8 such slots, both sides spinning on atomic
+// counters instead of frames and credits, the other thread copying each chunk out into a buffer
+// of the parameter's size as a CPU server does (copy_streaming). No protocol hands bytes from one
+// core to another faster on this machine; where one core's memcpy is fast and transfers between
+// cores are slow, this bound itself lies below 0.8 of memcpy.
+double handoff_seconds(const float* src, float* dst, int64_t elems, int64_t per_chunk,
+                       std::vector<float>& ring) {
+  const int64_t slots = static_cast<int64_t>(ring.size()) / per_chunk;
+  const int64_t chunks = (elems + per_chunk - 1) / per_chunk;
+  std::atomic<int64_t> filled{0}, drained{0};
+  std::atomic<bool> go{false};
+  std::thread reader([&] {
+    while (!go.load(std::memory_order_acquire)) {
+    }
+    for (int64_t k = 0; k < chunks; ++k) {
+      while (filled.load(std::memory_order_acquire) <= k) {
+      }
+      const int64_t off = k * per_chunk;
+      copy_streaming(dst + off, ring.data() + (k % slots) * per_chunk,
+                     std::min(per_chunk, elems - off));
+      drained.store(k + 1, std::memory_order_release);
+    }
+  });
+  const auto t0 = Clock::now();
+  go.store(true, std::memory_order_release);
+  for (int64_t k = 0; k < chunks; ++k) {
+    while (k - drained.load(std::memory_order_acquire) >= slots) {
+    }
+    const int64_t off = k * per_chunk;
+    std::memcpy(ring.data() + (k % slots) * per_chunk, src + off,
+                static_cast<size_t>(std::min(per_chunk, elems - off)) * sizeof(float));
+    filled.store(k + 1, std::memory_order_release);
+  }
+  reader.join();
+  return seconds(Clock::now() - t0);
+}
+
 void BM_Transport(benchmark::State& state) {
   const int64_t tile = state.range(0);
   const int64_t elems = 16 << 20;  // 64 MiB fp32
@@ -89,7 +132,11 @@ void BM_Transport(benchmark::State& state) {
     return t;
   };
   push_step();  // warm-up
-  double stream_s = 0, memcpy_s = 0;
+  const int64_t per_chunk =
+      std::min<int64_t>(per_tile, static_cast<int64_t>(transport::kShmChunkBytes / 4));
+  std::vector<float> ring(static_cast<size_t>(8 * per_chunk)), handed(static_cast<size_t>(elems));
+  handoff_seconds(src.data(), handed.data(), elems, per_chunk, ring);  // warm-up
+  double stream_s = 0, memcpy_s = 0, handoff_s = 0;
   int64_t bytes = 0;
   for (auto _ : state) {
     const double t = push_step();
@@ -100,12 +147,14 @@ void BM_Transport(benchmark::State& state) {
       benchmark::DoNotOptimize(dst.data());
     }
     memcpy_s += seconds(Clock::now() - t0);
+    handoff_s += handoff_seconds(src.data(), handed.data(), elems, per_chunk, ring);
     bytes += elems * 4;
     state.SetIterationTime(t);
   }
   state.counters["tile_GBps"] = static_cast<double>(bytes) / stream_s / 1e9;
   state.counters["memcpy_GBps"] = static_cast<double>(bytes) / memcpy_s / 1e9;
   state.counters["tile_bw/memcpy_bw"] = memcpy_s / stream_s;
+  state.counters["tile_bw/handoff_bw"] = handoff_s / stream_s;
 }
 BENCHMARK(BM_Transport)
     ->Name("transport")

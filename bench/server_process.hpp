@@ -1,6 +1,8 @@
 // A muon-offloadd process for the benchmarks: started on a socket in a private temporary folder
 // with the given extra flags, waited for until healthy, stopped (SIGTERM) and its folder removed
-// at destruction. MUON_OFFLOADD (the binary) comes from the build.
+// at destruction. MUON_OFFLOADD (the binary) comes from the build. MUON_BENCH_SERVER_ARGS (words
+// separated by spaces) adds flags to every server of a run: an A/B of a server flag, e.g.
+// MUON_BENCH_SERVER_ARGS="--tx-slots 16".
 #pragma once
 
 #include <signal.h>
@@ -10,6 +12,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -32,6 +35,10 @@ class BenchServer {
     socket_ = dir_ + "/s.sock";
     std::vector<std::string> args = {MUON_OFFLOADD, "--socket", socket_, "--log-level", "warn"};
     args.insert(args.end(), extra.begin(), extra.end());
+    if (const char* more = std::getenv("MUON_BENCH_SERVER_ARGS")) {
+      std::istringstream words(more);
+      for (std::string w; words >> w;) args.push_back(w);
+    }
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);

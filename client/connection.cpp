@@ -1,6 +1,7 @@
 #include "client/connection.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -13,6 +14,13 @@ namespace asio = boost::asio;
 using transport::MessageType;
 
 namespace {
+
+// Empties a PushBatch when the scope ends, after its bytes were written (or the write failed: the
+// connection is lost, and the frames must not go out again ahead of later ones).
+struct ClearAfter {
+  PushBatch& batch;
+  ~ClearAfter() { batch.clear(); }
+};
 
 std::string ms_text(std::chrono::milliseconds ms) {
   return std::to_string(ms.count()) + " ms";
@@ -91,7 +99,12 @@ Connection::Connection(std::string endpoint, int rank, int world_size,
     crash_note_ = crash_note(ok);
     if (!ok.server_version.empty()) snapshot_config_.emplace(ok.snapshot_path, ok.snapshot_every);
     tx_credits_.assign(ok.tx_slots);
-    if (auto words = plane_->tx_credit_words()) tx_credits_.use_segment(*words);
+    if (auto words = plane_->tx_credit_words()) {
+      tx_credits_.use_segment(*words);
+      // No frame has been pushed yet, so write_mu_ guards nothing here.
+      batch_pushes_ = true;
+      push_batch_ = PushBatch(transport::kShmChunkBytes, std::max<uint32_t>(1, ok.tx_slots / 2));
+    }
   } catch (...) {
     boost::system::error_code ignored;
     socket_.shutdown(asio::socket_base::shutdown_both, ignored);
@@ -170,19 +183,48 @@ StreamHandle Connection::push_stream() const {
   return plane_->push_stream();
 }
 
-void Connection::send_frame(MessageType type, const std::string& payload, uint32_t id) {
-  const auto bytes =
-      transport::encode_frame(transport::Frame{static_cast<uint16_t>(type), id, payload});
-  std::lock_guard lk(write_mu_);
+template <class Buffers>
+void Connection::write_locked(const Buffers& buffers, uint16_t what) {
   boost::system::error_code ec;
-  asio::write(socket_, asio::buffer(bytes), ec);
+  asio::write(socket_, buffers, ec);
   if (ec) {
     std::lock_guard lk2(mu_);
     if (lost_.empty()) lost_ = "write failed: " + ec.message();
     cv_.notify_all();
     throw ConnectionLost("connection to muon-offloadd at '" + path_ + "' lost (" + lost_ +
-                         ") while sending " +
-                         transport::message_type_name(static_cast<uint16_t>(type)) + crash_note_);
+                         ") while sending " + transport::message_type_name(what) + crash_note_);
+  }
+}
+
+void Connection::send_frame(MessageType type, const std::string& payload, uint32_t id) {
+  const auto bytes =
+      transport::encode_frame(transport::Frame{static_cast<uint16_t>(type), id, payload});
+  std::lock_guard lk(write_mu_);
+  if (push_batch_.empty()) {
+    write_locked(asio::buffer(bytes), static_cast<uint16_t>(type));
+    return;
+  }
+  // The held pushes first, in the same write: a commit never overtakes its step's chunks.
+  const ClearAfter clear{push_batch_};
+  const std::array<asio::const_buffer, 2> both{asio::buffer(push_batch_.bytes()),
+                                               asio::buffer(bytes)};
+  write_locked(both, static_cast<uint16_t>(type));
+}
+
+void Connection::send_push_frame(std::span<const std::byte> frame_bytes, uint64_t chunk_bytes) {
+  std::lock_guard lk(write_mu_);
+  if (!push_batch_.add(frame_bytes, chunk_bytes)) return;
+  const ClearAfter clear{push_batch_};
+  write_locked(asio::buffer(push_batch_.bytes()), static_cast<uint16_t>(MessageType::push));
+}
+
+void Connection::send_held_pushes() noexcept {
+  std::lock_guard lk(write_mu_);
+  if (push_batch_.empty()) return;
+  const ClearAfter clear{push_batch_};  // written or lost: either way not written again
+  try {
+    write_locked(asio::buffer(push_batch_.bytes()), static_cast<uint16_t>(MessageType::push));
+  } catch (const ConnectionLost&) {  // lost_ says so; the caller's wait reports it
   }
 }
 
@@ -330,6 +372,10 @@ int64_t Connection::push_chunks(const std::string& name, int64_t step, int64_t o
              " data plane failed: " + e.what());
         throw;
       }
+    } else if (batch_pushes_ && kind == transport::ChunkKind::gradient) {
+      send_push_frame(transport::encode_frame(transport::Frame{
+                          static_cast<uint16_t>(MessageType::push), 0, transport::encode(m)}),
+                      static_cast<uint64_t>(n) * elem_bytes);
     } else {
       send_frame(MessageType::push, transport::encode(m));
     }
@@ -341,6 +387,13 @@ int64_t Connection::push_chunks(const std::string& name, int64_t step, int64_t o
 
 uint32_t Connection::take_tx_credit(const std::string& name, int64_t step) {
   using IfNot = transport::CreditRing::IfNot;
+  {
+    std::lock_guard lk(mu_);
+    if (lost_.empty()) {
+      if (auto slot = tx_credits_.acquire()) return *slot;
+    }
+  }
+  send_held_pushes();  // the server frees no slot whose push frame it has not read
   std::unique_lock lk(mu_);
   if (tx_credits_.in_segment()) {
     const auto spin_until = Clock::now() + kCreditSpin;
@@ -388,6 +441,7 @@ void Connection::commit(const std::string& name, int64_t step) {
 }
 
 void Connection::flush() {
+  send_held_pushes();
   std::unique_lock lk(mu_);
   const bool ok = cv_.wait_until(lk, deadline(), [&] {
     return tx_credits_.all_free(transport::CreditRing::IfNot::ask_wake) || !lost_.empty();
@@ -425,6 +479,7 @@ bool Connection::wait_update_device(const std::string& name, int64_t step, std::
 
 bool Connection::take_update(const std::string& name, int64_t step,
                              const std::function<void(ParamRx::Complete&)>& take) {
+  send_held_pushes();  // an update may need them (a commit sent them already, as a rule)
   std::unique_lock lk(mu_);
   auto it = params_.find(name);
   if (it == params_.end()) {

@@ -14,12 +14,14 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "client/client_error.hpp"
 #include "client/plane.hpp"
+#include "client/push_batch.hpp"
 #include "kernels/device_stream.hpp"
 #include "transport/credit_ring.hpp"
 #include "transport/frame.hpp"
@@ -194,7 +196,22 @@ class Connection {
   /// "; ranks 1, 2 of the job's 3 have not registered it (...)", or "" when it cannot tell within
   /// a second (a hung server) or the parameter is not registering.
   std::string registration_progress(const std::string& name);
+  /// Writes one frame, after the push frames held in push_batch_ (in one write). Throws
+  /// ConnectionLost when the write fails.
   void send_frame(transport::MessageType type, const std::string& payload, uint32_t id = 0);
+  /// The encoded push frame of a gradient chunk (`chunk_bytes`) already in its slot of a shm
+  /// session: held in push_batch_, and the batch written once it is full. Throws
+  /// ConnectionLost when that write fails.
+  void send_push_frame(std::span<const std::byte> frame_bytes, uint64_t chunk_bytes);
+  /// Writes the push frames held in push_batch_, if any. Called before every wait on the
+  /// server (push_batch.hpp). A failed write only marks the connection lost (lost_): the wait
+  /// that follows reports it, after any error the server sent first. Takes write_mu_: never
+  /// call it under mu_.
+  void send_held_pushes() noexcept;
+  /// Writes `buffers` (a sequence of asio buffers) under write_mu_; `what` names the frame for
+  /// the ConnectionLost a failed write throws.
+  template <class Buffers>
+  void write_locked(const Buffers& buffers, uint16_t what);
   void reader_loop();
   void handle(transport::Frame frame);
   /// An update chunk; its param_id resolved into u.name first (a ProtocolError for an id the
@@ -203,7 +220,8 @@ class Connection {
   /// handle_update's copy out of the rx slot (shm or device ring). Runs under mu_.
   void receive_chunk(ParamRx& p, const transport::Update& u, bool in_want, int64_t pos);
   /// Takes credits for ceil(count / per-slot) tx slots one by one, calls
-  /// moves.into_slot(slot, first element, elements) for each, and sends its push frame. An
+  /// moves.into_slot(slot, first element, elements) for each, and sends its push frame (on a
+  /// shm session a gradient chunk's frame may be held for the next write: push_batch.hpp). An
   /// into_slot that throws gives its slot back (nothing was announced).
   /// moves.after_frame (nccl), when given, is called the same way right after the chunk's push
   /// frame, both under after_frame_mu_ so that out-of-band sends follow the frames' order; one
@@ -248,6 +266,10 @@ class Connection {
   std::unique_ptr<ClientPlane> plane_;
   std::mutex after_frame_mu_;  // push frames and their out-of-band sends, in one order (nccl)
   std::mutex write_mu_;
+  /// Under write_mu_: push frames not yet written (shm sessions only; push_batch.hpp). Sized at
+  /// the hello; a connection whose pushes are not batched has a batch of one frame.
+  PushBatch push_batch_{1, 1};
+  bool batch_pushes_ = false;  // set at the hello: a shm session (credits in the segment)
   bool closing_ = false;    // under mu_: the destructor is tearing the data plane down
   std::mutex mu_;
   std::condition_variable cv_;

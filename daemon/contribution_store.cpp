@@ -4,12 +4,14 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "kernels/streaming_copy.hpp"
 
 namespace muon::daemon {
 namespace {
 
 // Every move is the reference reduction of kernels/tile_reduce.hpp with one source (the device
-// store's kernels are its CUDA twin), so host and device sums agree bit for bit.
+// store's kernels are its CUDA twin), so host and device sums agree bit for bit; a first fp32
+// write into a large buffer is the same copy with streaming stores.
 TileReduce mode_of(bool add) {
   return add ? TileReduce::accumulate : TileReduce::assign;
 }
@@ -27,9 +29,17 @@ class HostContributionStore final : public ContributionStore {
       throw InvalidArgument("a host contribution store cannot read device memory");
     }
     const size_t esize = values.dtype == TileDType::bf16 ? 2 : 4;
-    const TileSource source{static_cast<const std::byte*>(values.data) + esize * first,
-                            values.dtype};
-    reduce_tiles_host({&source, 1}, buffers_[rank].data() + at, n, mode_of(add));
+    const auto* data = static_cast<const std::byte*>(values.data) + esize * first;
+    auto& buffer = buffers_[rank];
+    // An fp32 chunk's first write into a large buffer streams past the caches
+    // (kernels/streaming_copy.hpp): the same bits as the reduction's copy.
+    if (!add && values.dtype == TileDType::f32 &&
+        buffer.size() * sizeof(float) >= kStreamingCopyBytes) {
+      copy_streaming(buffer.data() + at, reinterpret_cast<const float*>(data), n);
+      return;
+    }
+    const TileSource source{data, values.dtype};
+    reduce_tiles_host({&source, 1}, buffer.data() + at, n, mode_of(add));
   }
 
   void fill_negative_zero(float* out, int64_t n) override { std::fill(out, out + n, -0.0f); }

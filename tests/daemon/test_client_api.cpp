@@ -215,6 +215,41 @@ TEST(ClientApi, ShmPushesGoInChunksOfAtMostOneMebibyte) {
   fs::remove_all(dir);
 }
 
+// A shm session holds a gradient chunk's push frame for the next write (client/push_batch.hpp):
+// up to 1 MiB of chunks or half the tx ring go in one write. A held frame must still go out
+// before the pusher waits on the server: here one chunk, held, then a flush with no commit. The
+// flush returns only once the server has read the chunk out of its slot, so a held frame that
+// stayed behind would make it time out. The commit that follows then gives the bitwise step.
+TEST(ClientApi, AHeldPushFrameGoesOutBeforeTheClientWaits) {
+  const auto dir = temp_dir();
+  ServerProcess server(dir, {"--tx-slots", "8"});
+  client::Connection conn(server.socket(), 0, 1, "batch test", 5000ms, 3000ms);
+  auto reg = one_param("w", {8, 16});
+  const int64_t n = 8 * 16;
+  register_on(conn, reg);
+  Reference ref(reg);
+  const auto g = gradient(n, 0);
+  ASSERT_EQ(conn.push("w", 0, 0, reinterpret_cast<const std::byte*>(g.data()), n, 4,
+                      transport::ChunkKind::gradient),
+            1);
+  EXPECT_NO_THROW(conn.flush());
+  conn.commit("w", 0);
+  std::vector<float> u(static_cast<size_t>(n));
+  ASSERT_TRUE(conn.wait_update("w", 0, reinterpret_cast<std::byte*>(u.data())));
+  EXPECT_TRUE(same_bits(u, ref.step(g)));
+  // Step 1 in three pushes, all three frames still held at the commit (a batch here is four):
+  // the commit goes out behind them in the same write, never ahead.
+  const auto g1 = gradient(n, 1);
+  for (int64_t off = 0; off < n; off += 48) {
+    conn.push("w", 1, off, reinterpret_cast<const std::byte*>(g1.data() + off),
+              std::min<int64_t>(48, n - off), 4, transport::ChunkKind::gradient);
+  }
+  conn.commit("w", 1);
+  ASSERT_TRUE(conn.wait_update("w", 1, reinterpret_cast<std::byte*>(u.data())));
+  EXPECT_TRUE(same_bits(u, ref.step(g1)));
+  fs::remove_all(dir);
+}
+
 TEST(ClientApi, Bf16GradientsAndUpdatesOnTheWire) {
   const auto dir = temp_dir();
   ServerProcess server(dir);

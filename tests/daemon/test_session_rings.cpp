@@ -21,6 +21,7 @@
 #include "daemon/planes/shm_plane.hpp"
 #include "daemon/session.hpp"
 #include "kernels/bf16.hpp"
+#include "kernels/streaming_copy.hpp"
 #include "transport/frame.hpp"
 #include "transport/messages.hpp"
 
@@ -599,4 +600,35 @@ TEST(ShmPlane, ChunksAreReadInPlaceAndUpdatesLandInTheClientsMapping) {
   unmapped->describe(ok2);
   unmapped->closing();
   EXPECT_THROW(transport::ShmSegment::open_and_unlink(ok2.shm_name, layout), Error);
+}
+
+// A contribution buffer of kStreamingCopyBytes or more takes its first fp32 writes with
+// streaming stores (kernels/streaming_copy.hpp): chunks written at odd offsets read back bit for
+// bit, and a second write of elements already written in the step adds onto them exactly as the
+// reduction's own loop does.
+TEST(HostContributionStore, ALargeBufferReadsBackBitwiseAndAddsRepeatedChunks) {
+  const int64_t n = static_cast<int64_t>(kStreamingCopyBytes / sizeof(float)) + 5;
+  std::vector<float> a(static_cast<size_t>(n)), b(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    a[static_cast<size_t>(i)] = static_cast<float>(i % 977) * 0.37f - 101.0f;
+    b[static_cast<size_t>(i)] = static_cast<float>(i % 131) * -1.3e-3f;
+  }
+  a[7] = -0.0f;
+  a[8] = 3.0e-39f;  // a subnormal
+  auto store = make_host_contribution_store();
+  store->resize(0, n);
+  const Contribution first{a.data(), transport::DType::f32, false, n};
+  for (int64_t off = 0; off < n; off += 65533) {  // chunks that leave every alignment
+    store->write(0, off, first, off, std::min<int64_t>(65533, n - off), false);
+  }
+  const Contribution second{b.data(), transport::DType::f32, false, n};
+  const int64_t again = 1001, again_n = 70001;
+  store->write(0, again, second, again, again_n, true);
+  std::vector<float> out(static_cast<size_t>(n));
+  store->read(0, 0, out.data(), n, false);
+  for (int64_t i = 0; i < n; ++i) {
+    const auto k = static_cast<size_t>(i);
+    const float want = i >= again && i < again + again_n ? a[k] + b[k] : a[k];
+    ASSERT_EQ(std::memcmp(&out[k], &want, 4), 0) << "element " << i;
+  }
 }
