@@ -103,6 +103,10 @@ class Engine {
   bool open_data_plane(const SessionPtr& s, const transport::Hello& m, transport::HelloOk& ok,
                        uint32_t request_id);
   void on_register(const SessionPtr& s, const transport::Frame& f);
+  /// on_register's work for the decoded `m`; throws InvalidArgument for a registration it
+  /// refuses (on_register answers it, naming the parameter).
+  void register_param(const SessionPtr& s, const transport::Frame& f,
+                      const transport::RegisterParam& m);
   void on_push(const SessionPtr& s, const transport::Frame& f);
   void on_commit(const SessionPtr& s, const transport::Frame& f);
   void on_snapshot(const SessionPtr& s, const transport::Frame& f);

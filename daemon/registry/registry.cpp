@@ -15,7 +15,20 @@ using transport::Frame;
 using transport::MessageType;
 
 void Engine::on_register(const SessionPtr& s, const Frame& f) {
-  auto m = transport::decode<transport::RegisterParam>(f.payload);
+  const auto m = transport::decode<transport::RegisterParam>(f.payload);
+  try {
+    register_param(s, f, m);
+  } catch (const InvalidArgument& e) {
+    // Answered here rather than by the dispatcher's catch, which knows no parameter: the error
+    // names it (MuonOffloadError.param in Python, muon_last_error_param in C).
+    log()->warn("session {} (rank {}): registration of '{}' refused: {}", s->id(), s->rank,
+                m.name, e.message());
+    reply_error(s, {ErrorCode::bad_request, e.message(), m.name, -1, s->rank}, f.request_id);
+  }
+}
+
+void Engine::register_param(const SessionPtr& s, const Frame& f,
+                            const transport::RegisterParam& m) {
   if (m.replica) {  // not a registration: an owner seals a replica here (daemon/pool/replicator.hpp)
     on_replica_seal(s, m, f.request_id);
     return;

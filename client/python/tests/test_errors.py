@@ -132,6 +132,8 @@ def test_refused_parameters_are_named(server):
                     job="one job")
     assert "blocks.0.x" in str(e.value)
     assert (e.value.error_name, e.value.error_code) == ("bad_request", 1)
+    # The refusal names its parameter and rank as fields too, not only in the message.
+    assert (e.value.param, e.value.step, e.value.rank) == ("blocks.0.x", -1, 0)
     with pytest.raises(InvalidArgument, match="mode"):
         OffloadMuon([("w", w)], servers=[server.socket], mode="ring")
 
