@@ -103,7 +103,7 @@ Connection::Connection(std::string endpoint, int rank, int world_size,
       tx_credits_.use_segment(*words);
       // No frame has been pushed yet, so write_mu_ guards nothing here.
       batch_pushes_ = true;
-      push_batch_ = PushBatch(transport::kShmChunkBytes, std::max<uint32_t>(1, ok.tx_slots / 2));
+      push_batch_ = PushBatch(kPushBatchBytes, std::max<uint32_t>(1, ok.tx_slots / 2));
     }
   } catch (...) {
     boost::system::error_code ignored;

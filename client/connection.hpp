@@ -260,7 +260,7 @@ class Connection {
   boost::asio::io_context io_;
   boost::asio::generic::stream_protocol::socket socket_;
   transport::DataPlane data_plane_ = transport::DataPlane::shm;
-  uint64_t chunk_bytes_ = 0;  // the most bytes one push frame announces (a slot; shm: <= 1 MiB)
+  uint64_t chunk_bytes_ = 0;  // the most bytes one push frame announces (a slot; shm: <= 256 KiB)
   /// The session's data plane (plane.hpp); set once the hello is answered, gone in the
   /// destructor (before the goodbye when it maps the server's memory).
   std::unique_ptr<ClientPlane> plane_;

@@ -2,8 +2,8 @@
 // (issue 15). On a shm session a chunk's bytes are in the segment before its frame is written,
 // and its slot comes back through the segment's credit words, so the frame is the only syscall
 // a chunk costs the pusher (5 of the 18 us of a 256 KiB chunk, with the server's wake-up it
-// causes). Written together, the frames of up to kShmChunkBytes of chunks cost one write and one
-// wake-up, the same as one 1 MiB chunk.
+// causes). Written together, the frames of up to kPushBatchBytes of chunks cost one write and
+// one wake-up.
 //
 // A held frame goes out with the next frame of any kind (a commit always follows a step's
 // pushes), before the connection waits for anything (a free slot, a flush, an update, a reply),
@@ -18,10 +18,14 @@
 
 namespace muon::client {
 
+/// Chunk bytes a connection's batch announces before it is written: four 256 KiB shm chunks
+/// (transport::kShmChunkBytes), a write and a wake-up of the server per MiB.
+inline constexpr uint64_t kPushBatchBytes = 1u << 20;
+
 class PushBatch {
  public:
   /// A batch is full once its frames announce `full_bytes` of chunks or number `full_frames`
-  /// (both >= 1). A connection uses kShmChunkBytes and half its tx ring, so that the server
+  /// (both >= 1). A connection uses kPushBatchBytes and half its tx ring, so that the server
   /// always has a batch to copy out while the pusher fills the next.
   PushBatch(uint64_t full_bytes, uint32_t full_frames)
       : full_bytes_(full_bytes), full_frames_(full_frames) {}

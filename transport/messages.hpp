@@ -130,7 +130,7 @@ struct HelloOk {
 };
 
 /// The most bytes one push chunk carries in the session `ok` describes: a slot, and on shm at
-/// most transport::kShmChunkBytes (1 MiB; transport/shm_segment.hpp says why).
+/// most transport::kShmChunkBytes (256 KiB; transport/shm_segment.hpp says why).
 uint64_t push_chunk_bytes(const HelloOk& ok);
 
 struct HealthOk {

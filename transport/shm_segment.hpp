@@ -30,12 +30,13 @@ struct SegmentLayout {
   uint64_t total_bytes() const { return ring_bytes() + ShmCreditWords::bytes(tx_slots); }
 };
 
-/// Largest chunk a sender puts into one shm slot: 1 MiB, whatever the slot size
-/// (transport::push_chunk_bytes). A chunk is copied in by one core and out by another; at 1 MiB
-/// the eight chunks in flight stay in the last-level cache, while 4 MiB chunks (32 MiB in
-/// flight) go out to memory and back (bench/README.md, transport rows). Smaller chunks cost more
-/// hand-offs.
-inline constexpr uint64_t kShmChunkBytes = 1u << 20;
+/// Largest chunk a sender puts into one shm slot: 256 KiB, whatever the slot size
+/// (transport::push_chunk_bytes). A chunk is copied in by one core and out by another; at
+/// 256 KiB a chunk stays in the copying core's L2 until the other reads it, where 1 MiB chunks
+/// spill to the last-level cache and 4 MiB chunks (32 MiB in flight) to memory and back
+/// (bench/README.md, transport rows). A chunk's push frame no longer costs a write of its own
+/// (client/push_batch.hpp), so the smaller chunk is cheap; 128 KiB chunks measured slower again.
+inline constexpr uint64_t kShmChunkBytes = 256u << 10;
 
 /// A mapped segment. Move-only; unmaps on destruction. Throws muon::Error on any OS failure with
 /// the segment name and errno text.

@@ -233,7 +233,7 @@ class PeerLink : public std::enable_shared_from_this<PeerLink> {
 
   std::unique_ptr<LinkPlane> plane_;
   transport::CreditRing credits_;
-  uint64_t chunk_bytes_ = 0;  // the most bytes one push frame announces (a slot; shm: <= 1 MiB)
+  uint64_t chunk_bytes_ = 0;  // the most bytes one push frame announces (a slot; shm: <= 256 KiB)
   std::shared_ptr<boost::asio::steady_timer> stall_timer_;  ///< the head push waits for a credit
 
   std::deque<Op> ops_;

@@ -1,4 +1,4 @@
-// PushBatch (client/push_batch.hpp): push frames held until they announce kShmChunkBytes of
+// PushBatch (client/push_batch.hpp): push frames held until they announce kPushBatchBytes of
 // chunks or fill half the tx ring, then written as one byte string in the order they were added.
 #include <gtest/gtest.h>
 

@@ -192,10 +192,10 @@ TEST(ClientApi, RepeatedPushesWithinAStepAccumulate) {
   fs::remove_all(dir);
 }
 
-// On the shm data plane a push is cut into chunks of at most 1 MiB whatever the server's slot
+// On the shm data plane a push is cut into chunks of at most 256 KiB whatever the server's slot
 // size (transport::kShmChunkBytes: cache-sized chunks pipeline, bench/README.md): 3,072,000
-// fp32 elements into 4 MiB slots go as 12 chunks, not 3, and the step is bitwise the reference.
-TEST(ClientApi, ShmPushesGoInChunksOfAtMostOneMebibyte) {
+// fp32 elements into 4 MiB slots go as 47 chunks, not 3, and the step is bitwise the reference.
+TEST(ClientApi, ShmPushesGoInChunksOfAtMost256KiB) {
   const auto dir = temp_dir();
   ServerProcess server(dir, {"--slot-kib", "4096"});
   client::Connection conn(server.socket(), 0, 1, "chunk test", 5000ms, 60000ms);
@@ -206,8 +206,8 @@ TEST(ClientApi, ShmPushesGoInChunksOfAtMostOneMebibyte) {
   const auto g = gradient(n, 0);
   const int64_t frames = conn.push("w", 0, 0, reinterpret_cast<const std::byte*>(g.data()), n, 4,
                                    transport::ChunkKind::gradient);
-  EXPECT_EQ(frames, (n * 4 + (1 << 20) - 1) / (1 << 20));
-  EXPECT_EQ(frames, 12);
+  EXPECT_EQ(frames, (n * 4 + (256 << 10) - 1) / (256 << 10));
+  EXPECT_EQ(frames, 47);
   conn.commit("w", 0);
   std::vector<float> u(static_cast<size_t>(n));
   ASSERT_TRUE(conn.wait_update("w", 0, reinterpret_cast<std::byte*>(u.data())));
@@ -216,7 +216,7 @@ TEST(ClientApi, ShmPushesGoInChunksOfAtMostOneMebibyte) {
 }
 
 // A shm session holds a gradient chunk's push frame for the next write (client/push_batch.hpp):
-// up to 1 MiB of chunks or half the tx ring go in one write. A held frame must still go out
+// up to 1 MiB of chunks (kPushBatchBytes) or half the tx ring go in one write. A held frame must still go out
 // before the pusher waits on the server: here one chunk, held, then a flush with no commit. The
 // flush returns only once the server has read the chunk out of its slot, so a held frame that
 // stayed behind would make it time out. The commit that follows then gives the bitwise step.

@@ -193,14 +193,14 @@ TEST(Messages, HelloOkSaysWhatSurvivesACrash) {
       "field 'snapshot_every' = -3 is outside");
 }
 
-// A push chunk is a slot, but at most 1 MiB on shm (kShmChunkBytes), whatever the slot size; the
-// device planes fill whole slots.
-TEST(Messages, PushChunksAreASlotAndAtMostOneMebibyteOnShm) {
+// A push chunk is a slot, but at most 256 KiB on shm (kShmChunkBytes), whatever the slot size;
+// the device planes fill whole slots.
+TEST(Messages, PushChunksAreASlotAndAtMost256KiBOnShm) {
   HelloOk ok;
   ok.slot_bytes = 64 << 10;
   EXPECT_EQ(push_chunk_bytes(ok), uint64_t{64} << 10);
   ok.slot_bytes = 4 << 20;
-  EXPECT_EQ(push_chunk_bytes(ok), uint64_t{1} << 20);
+  EXPECT_EQ(push_chunk_bytes(ok), uint64_t{256} << 10);
   ok.data_plane = DataPlane::cuda_ipc;
   EXPECT_EQ(push_chunk_bytes(ok), uint64_t{4} << 20);
   ok.data_plane = DataPlane::nccl;
