@@ -211,9 +211,11 @@ void Connection::send_frame(MessageType type, const std::string& payload, uint32
   write_locked(both, static_cast<uint16_t>(type));
 }
 
-void Connection::send_push_frame(std::span<const std::byte> frame_bytes, uint64_t chunk_bytes) {
+void Connection::send_push_frame(const transport::Push& m, uint64_t chunk_bytes) {
+  const auto bytes = transport::encode_frame(
+      transport::Frame{static_cast<uint16_t>(MessageType::push), 0, transport::encode(m)});
   std::lock_guard lk(write_mu_);
-  if (!push_batch_.add(frame_bytes, chunk_bytes)) return;
+  if (!push_batch_.add(bytes, chunk_bytes)) return;
   const ClearAfter clear{push_batch_};
   write_locked(asio::buffer(push_batch_.bytes()), static_cast<uint16_t>(MessageType::push));
 }
@@ -373,9 +375,7 @@ int64_t Connection::push_chunks(const std::string& name, int64_t step, int64_t o
         throw;
       }
     } else if (batch_pushes_ && kind == transport::ChunkKind::gradient) {
-      send_push_frame(transport::encode_frame(transport::Frame{
-                          static_cast<uint16_t>(MessageType::push), 0, transport::encode(m)}),
-                      static_cast<uint64_t>(n) * elem_bytes);
+      send_push_frame(m, static_cast<uint64_t>(n) * elem_bytes);
     } else {
       send_frame(MessageType::push, transport::encode(m));
     }

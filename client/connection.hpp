@@ -14,7 +14,6 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -199,10 +198,10 @@ class Connection {
   /// Writes one frame, after the push frames held in push_batch_ (in one write). Throws
   /// ConnectionLost when the write fails.
   void send_frame(transport::MessageType type, const std::string& payload, uint32_t id = 0);
-  /// The encoded push frame of a gradient chunk (`chunk_bytes`) already in its slot of a shm
+  /// The push frame `m` of a gradient chunk (`chunk_bytes`) already in its slot of a shm
   /// session: held in push_batch_, and the batch written once it is full. Throws
   /// ConnectionLost when that write fails.
-  void send_push_frame(std::span<const std::byte> frame_bytes, uint64_t chunk_bytes);
+  void send_push_frame(const transport::Push& m, uint64_t chunk_bytes);
   /// Writes the push frames held in push_batch_, if any. Called before every wait on the
   /// server (push_batch.hpp). A failed write only marks the connection lost (lost_): the wait
   /// that follows reports it, after any error the server sent first. Takes write_mu_: never
