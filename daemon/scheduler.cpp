@@ -64,8 +64,11 @@ bool same_options(const MuonOptions& a, const MuonOptions& b) {
 
 Scheduler::Scheduler(std::unique_ptr<Backend> backend,
                      std::function<void(std::vector<NsJob>)> on_done,
-                     std::unique_ptr<StepRunner> runner)
-    : backend_(std::move(backend)), runner_(std::move(runner)), on_done_(std::move(on_done)) {
+                     std::unique_ptr<StepRunner> runner, int64_t max_batch_elements)
+    : backend_(std::move(backend)),
+      runner_(std::move(runner)),
+      on_done_(std::move(on_done)),
+      max_batch_elements_(max_batch_elements) {
   if (!backend_) throw InvalidArgument("scheduler: backend is null");
   if (!on_done_) throw InvalidArgument("scheduler: on_done is empty");
   if (!runner_) runner_ = make_host_step_runner(*backend_);
@@ -196,16 +199,35 @@ void Scheduler::sample_health(NsJob& job) {
 }
 
 void Scheduler::run_group(std::vector<NsJob>& jobs) {
-  std::vector<NsJob*> batch;
+  std::vector<NsJob*> batchable;
   for (auto& job : jobs) {
     if (runner_->batchable(job)) {
-      batch.push_back(&job);
+      batchable.push_back(&job);
     } else {
       run_alone(job);
     }
   }
-  if (batch.size() == 1) run_alone(*batch.front());
-  if (batch.size() <= 1) return;
+  // Batches of at most max_batch_elements_ (kernels/step_batch.hpp: a batch's scratch grows
+  // with it), in submission order.
+  for (size_t first = 0; first < batchable.size();) {
+    size_t end = first + 1;
+    int64_t total = batchable[first]->shape.numel();
+    while (end < batchable.size() &&
+           total + batchable[end]->shape.numel() <= max_batch_elements_) {
+      total += batchable[end]->shape.numel();
+      ++end;
+    }
+    run_batch(std::vector<NsJob*>(batchable.begin() + static_cast<std::ptrdiff_t>(first),
+                                  batchable.begin() + static_cast<std::ptrdiff_t>(end)));
+    first = end;
+  }
+}
+
+void Scheduler::run_batch(const std::vector<NsJob*>& batch) {
+  if (batch.size() == 1) {
+    run_alone(*batch.front());
+    return;
+  }
   bool applied = false;
   const auto t0 = std::chrono::steady_clock::now();
   try {

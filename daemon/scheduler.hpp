@@ -1,8 +1,9 @@
 // The compute side of the server: a worker thread that takes parameters whose gradient is
-// complete, batches the ready ones of the same shape and options into one call of its
-// StepRunner (host buffers through the backend, or device buffers on the GPU data plane), runs
-// momentum + Newton-Schulz + scale, and hands the results back. Work starts the moment a
-// parameter is submitted, so it overlaps the rest of the trainers' backward.
+// complete, batches the ready ones of the same shape and options (up to kMaxBatchElements,
+// kernels/step_batch.hpp) into one call of its StepRunner (host buffers through the backend,
+// or device buffers on the GPU data plane), runs momentum + Newton-Schulz + scale, and hands
+// the results back. Work starts the moment a parameter is submitted, so it overlaps the rest of
+// the trainers' backward.
 //
 // The step policy, once for host and device: jobs that cannot share a call run alone; a batched
 // call that fails runs each of its jobs alone, so that only the bad one fails and every error
@@ -27,6 +28,7 @@
 #include "daemon/numeric_health.hpp"
 #include "daemon/step/step_runner.hpp"
 #include "kernels/backend.hpp"
+#include "kernels/step_batch.hpp"
 
 namespace muon::daemon {
 
@@ -65,10 +67,12 @@ inline bool keeps_momentum(const NsJob& job) {
 class Scheduler {
  public:
   /// `on_done` is called on the worker thread with each finished batch of jobs (a batch holds
-  /// jobs of equal shape and options that were ready together). Jobs run on `runner`, or, when
+  /// jobs of equal shape and options that were ready together). One runner call takes at most
+  /// `max_batch_elements` elements of them (or one larger job). Jobs run on `runner`, or, when
   /// it is null, on host buffers through `backend` (make_host_step_runner).
   Scheduler(std::unique_ptr<Backend> backend, std::function<void(std::vector<NsJob>)> on_done,
-            std::unique_ptr<StepRunner> runner = nullptr);
+            std::unique_ptr<StepRunner> runner = nullptr,
+            int64_t max_batch_elements = kMaxBatchElements);
   ~Scheduler();  ///< stops after the jobs already submitted
 
   /// Queues a job (thread-safe).
@@ -87,12 +91,17 @@ class Scheduler {
 
  private:
   void run();
-  void run_group(std::vector<NsJob>& jobs);  // jobs of equal rows, cols and options
+  /// Jobs of equal rows, cols and options: each alone or in batches of at most
+  /// max_batch_elements_ elements (kernels/step_batch.hpp), in submission order.
+  void run_group(std::vector<NsJob>& jobs);
+  /// One batch of run_group: one StepRunner call; a lone job, or a call that fails, runs alone.
+  void run_batch(const std::vector<NsJob*>& batch);
   void run_alone(NsJob& job);
   void sample_health(NsJob& job);  // fills job.health when asked for and applied
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<StepRunner> runner_;
   std::function<void(std::vector<NsJob>)> on_done_;
+  int64_t max_batch_elements_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<NsJob> queue_;

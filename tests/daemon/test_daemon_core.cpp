@@ -1305,6 +1305,46 @@ TEST(Scheduler, QueuedJobsOfOneShapeAndOptionsRunAsOneBatch) {
   EXPECT_THROW(sched.submit(make_job("late", {1, 4, 8}, o, mom[6], 7)), Error);
 }
 
+// A group past the batch cap (kernels/step_batch.hpp; here 96 elements, where a server's is
+// 2^26) runs as several runner calls in submission order, each within the cap, and a job larger
+// than the cap runs alone; on_done still gets the group once.
+TEST(Scheduler, AGroupPastTheBatchCapRunsAsSeveralBatchesInOrder) {
+  auto backend = std::make_unique<RecordingBackend>();
+  auto* rec = backend.get();
+  std::promise<void> entered, release;
+  auto released = release.get_future().share();
+  std::vector<std::vector<std::string>> names;
+  bool first = true;
+  Scheduler sched(
+      std::move(backend),
+      [&](std::vector<NsJob> batch) {
+        std::vector<std::string> n;
+        for (const auto& j : batch) n.push_back(j.name);
+        names.push_back(n);
+        if (first) {
+          first = false;
+          entered.set_value();
+          released.wait();
+        }
+      },
+      nullptr, 96);
+  MuonOptions o;
+  std::vector<std::vector<float>> mom(6, std::vector<float>(128, 0.0f));
+  sched.submit(make_job("a", {1, 4, 8}, o, mom[0], 1));
+  entered.get_future().wait();
+  sched.submit(make_job("b", {1, 4, 8}, o, mom[1], 2));  // 32
+  sched.submit(make_job("c", {2, 4, 8}, o, mom[2], 3));  // 64: b + c = 96, the cap
+  sched.submit(make_job("d", {1, 4, 8}, o, mom[3], 4));  // would make 128: a new batch
+  sched.submit(make_job("e", {4, 4, 8}, o, mom[4], 5));  // 128 > the cap: alone
+  sched.submit(make_job("f", {1, 4, 8}, o, mom[5], 6));
+  release.set_value();
+  sched.stop();
+  const std::vector<std::vector<std::string>> expected = {{"a"}, {"b", "c", "d", "e", "f"}};
+  EXPECT_EQ(names, expected);
+  // Calls: a; b + c (1 + 2 matrices, 96 elements); d; e alone (4 matrices); f.
+  EXPECT_EQ(rec->counts, (std::vector<int64_t>{1, 3, 1, 4, 1}));
+}
+
 namespace {
 
 // Runs `jobs` through a scheduler, all queued while the worker is blocked so that jobs of equal
