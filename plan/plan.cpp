@@ -7,6 +7,7 @@
 
 #include "core/error.hpp"
 #include "kernels/ns_schedule.hpp"
+#include "kernels/step_batch.hpp"
 #include "plan/ns_cost.hpp"
 #include "plan/server_placement.hpp"
 
@@ -90,6 +91,44 @@ void choose_buddies(Plan& plan) {
   }
 }
 
+// The step runner's scratch and Newton-Schulz workspace on each server (plan/server_memory.hpp):
+// its owned parameters grouped by the matrix Newton-Schulz sees, the largest batch the
+// scheduler can form from one group (at most kMaxBatchElements, kernels/step_batch.hpp), and the
+// largest single parameter.
+void add_step_scratch(Plan& plan, Precision precision) {
+  struct Group {
+    double elements = 0;
+    int members = 0;
+  };
+  std::vector<std::map<std::pair<int64_t, int64_t>, Group>> groups(plan.servers.size());
+  std::vector<double> largest(plan.servers.size(), 0);
+  for (const auto& p : plan.parameters) {
+    const MuonMatrix& m = p.matrix;
+    Group& g = groups[p.owner][{m.rows / m.row_blocks, m.cols}];
+    g.elements += static_cast<double>(m.elements());
+    ++g.members;
+    largest[p.owner] = std::max(largest[p.owner], static_cast<double>(m.elements()));
+    Server& owner = plan.servers[p.owner];
+    owner.memory.workspace = std::max(owner.memory.workspace, ns_workspace_bytes(m, precision));
+  }
+  const double cap = static_cast<double>(kMaxBatchElements);
+  for (auto& sv : plan.servers) {
+    double batch = 0;  // elements of the largest batch of two or more parameters
+    for (const auto& [shape, g] : groups[sv.id]) {
+      if (g.members < 2) continue;
+      const double elements = std::min(g.elements, cap);
+      batch = std::max(batch, elements);
+      const MuonMatrix batched{"batch", shape.first, shape.second,
+                               static_cast<int64_t>(elements) / (shape.first * shape.second), 1,
+                               false};
+      sv.memory.workspace = std::max(sv.memory.workspace, ns_workspace_bytes(batched, precision));
+    }
+    // The momenta of a call (a lone parameter's copy, or a batch's), and a batch's gradients
+    // and updates: each scratch buffer stays at the largest it was.
+    sv.memory.scratch = 4 * std::max(largest[sv.id], batch) + 8 * batch;
+  }
+}
+
 // Fills each server's ServerMemory (plan/server_memory.hpp) from its owned and relayed
 // parameters, the contributors of each and the sessions the plan opens to it.
 void add_memory(Plan& plan, Placement placement, const MemorySettings& ms, Precision precision) {
@@ -105,10 +144,8 @@ void add_memory(Plan& plan, Placement placement, const MemorySettings& ms, Preci
     const auto& p = plan.parameters[i];
     const double n = static_cast<double>(p.matrix.elements());
     Server& owner = plan.servers[p.owner];
-    owner.memory.momentum += 8 * n;
+    owner.memory.momentum += 4 * n;
     owner.memory.buffers += 8 * n;
-    owner.memory.workspace =
-        std::max(owner.memory.workspace, ns_workspace_bytes(p.matrix, precision));
     for (size_t d = 0; d < plan.domains.size(); ++d) {
       const auto& ranks = plan.domains[d].compute_ranks;
       if (ranks.empty()) continue;
@@ -123,6 +160,7 @@ void add_memory(Plan& plan, Placement placement, const MemorySettings& ms, Preci
       }
     }
   }
+  add_step_scratch(plan, precision);
   for (auto& sv : plan.servers) {
     int relay_sessions = 0;
     for (bool b : relays_to[sv.id]) relay_sessions += b ? 1 : 0;
@@ -320,8 +358,8 @@ std::string memory_text(const ServerMemory& m) {
     std::snprintf(buf, sizeof buf, "%.1f", b / 1e9);
     return std::string(buf);
   };
-  return gb(m.total()) + " GB (momentum and its backup " + gb(m.momentum) +
-         ", gradient and update " + gb(m.buffers) + ", per-contributor buffers " +
+  return gb(m.total()) + " GB (momentum " + gb(m.momentum) + ", gradient and update " +
+         gb(m.buffers) + ", step scratch " + gb(m.scratch) + ", per-contributor buffers " +
          gb(m.contributions) + ", rings " + gb(m.rings) + ", Newton-Schulz workspace " +
          gb(m.workspace) + ", CUDA context " + gb(m.context) + ")";
 }

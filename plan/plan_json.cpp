@@ -50,6 +50,7 @@ json memory(const ServerMemory& m) {
           {"budget_bytes", m.budget},
           {"momentum_bytes", m.momentum},
           {"gradient_update_bytes", m.buffers},
+          {"step_scratch_bytes", m.scratch},
           {"contribution_bytes", m.contributions},
           {"ring_bytes", m.rings},
           {"workspace_bytes", m.workspace},

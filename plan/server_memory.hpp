@@ -3,18 +3,23 @@
 // kernels/device_muon.cu, kernels/device_newton_schulz.cu), and what it may use of its GPU.
 //
 // Per owned parameter of n elements (fp32 throughout):
-//   momentum 4n, its backup 4n (a refused step puts the momentum back), reduced gradient 4n,
-//   update 4n;
+//   momentum 4n, reduced gradient 4n, update 4n;
 //   one buffer per contributor 4 x (elements that contributor pushes): the server sums the
 //   contributions in contributor order once all have arrived, so it keeps each one whole. A
 //   contributor is a compute rank pushing to this server, or a relay's partial sum.
 // Per relayed parameter: gradient 4n, update 4n, the contributors' buffers.
 // Per session (each compute rank connected to it): the receive and result rings,
 //   (tx_slots + rx_slots) x slot_bytes (muon-offloadd's --tx-slots, --rx-slots, --slot-kib).
-// Once: the Newton-Schulz workspace of its largest parameter (count matrices of m x k, m <= k):
-//   fp32 gathered blocks 4 c m k, X ping-pong (bf16: 2 x 2 c m k; fp32: 4 c m k), A and B
-//   (bf16: 2 x 2 c m^2; fp32: 2 x 4 c m^2), the 32 MiB cuBLAS workspace; and the CUDA context
-//   with cuBLAS loaded, about 1 GiB (context_bytes).
+// Once: the step runner's scratch (daemon/step/device_step_runner.cpp), where a step's momenta
+//   are stepped so that a refused step leaves the momentum untouched: 4 x the larger of the
+//   largest parameter and the largest batch, plus a batch's gradients and updates 8 x the
+//   largest batch. A batch is two or more owned parameters of one Newton-Schulz shape, at most
+//   kMaxBatchElements elements (kernels/step_batch.hpp), all of a shape's taken as ready at once
+//   (a trainer in shard mode pushes every gradient after its all-reduce).
+// Once: the Newton-Schulz workspace of its largest call, a parameter or a batch (count
+//   matrices of m x k, m <= k): fp32 gathered blocks 4 c m k, X ping-pong (bf16: 2 x 2 c m k;
+//   fp32: 4 c m k), A and B (bf16: 2 x 2 c m^2; fp32: 2 x 4 c m^2), the 32 MiB cuBLAS
+//   workspace; and the CUDA context with cuBLAS loaded, about 1 GiB (context_bytes).
 // Budget: a dedicated server may fill its GPU; a co-located one shares it with a trainer, so it
 // gets `colocated_share` of it (the trainer's own use is not known to the planner).
 #pragma once
@@ -55,14 +60,17 @@ struct MemorySettings {
 
 /// One server's device memory, bytes, by what it holds.
 struct ServerMemory {
-  double momentum = 0;       ///< momentum and its backup, owned parameters
+  double momentum = 0;       ///< momentum, owned parameters
   double buffers = 0;        ///< reduced gradient and update, owned and relayed parameters
+  double scratch = 0;        ///< the step runner's: a call's momenta, a batch's gradients, updates
   double contributions = 0;  ///< per-contributor buffers
   double rings = 0;          ///< sessions' receive and result rings
-  double workspace = 0;      ///< Newton-Schulz of the largest parameter, cuBLAS workspace
+  double workspace = 0;      ///< Newton-Schulz of the largest call, cuBLAS workspace
   double context = 0;        ///< CUDA context
   double budget = 0;         ///< what it may use; 0: unknown GPU memory
-  double total() const { return momentum + buffers + contributions + rings + workspace + context; }
+  double total() const {
+    return momentum + buffers + scratch + contributions + rings + workspace + context;
+  }
   /// True when the budget is unknown or the total stays within it.
   bool fits() const { return budget <= 0 || total() <= budget; }
 };
