@@ -351,7 +351,7 @@ Plan build_candidate(const Context& ctx, Placement placement, int k,
   return plan;
 }
 
-// "95.3 GB (momentum 28.0, gradient+update 28.0, contributions 36.2, ...)" of one server.
+// "95.3 GB (momentum 14.0, gradient and update 28.0, step scratch 1.2, ...)" of one server.
 std::string memory_text(const ServerMemory& m) {
   auto gb = [](double b) {
     char buf[32];
