@@ -441,14 +441,20 @@ void Connection::commit(const std::string& name, int64_t step) {
 }
 
 void Connection::flush() {
-  send_held_pushes();
-  std::unique_lock lk(mu_);
-  const bool ok = cv_.wait_until(lk, deadline(), [&] {
-    return tx_credits_.all_free(transport::CreditRing::IfNot::ask_wake) || !lost_.empty();
-  });
-  if (!lost_.empty()) throw_lost("flushing pushed data");
-  if (!ok)
-    throw Timeout("pushed data not consumed by '" + path_ + "' within " + ms_text(op_timeout_));
+  const auto until = deadline();
+  for (;;) {
+    // Again at every look: another thread may push (and hold a frame) while this one waits.
+    send_held_pushes();
+    std::unique_lock lk(mu_);
+    const bool ok = cv_.wait_until(lk, std::min(until, Clock::now() + kFlushRecheck), [&] {
+      return tx_credits_.all_free(transport::CreditRing::IfNot::ask_wake) || !lost_.empty();
+    });
+    if (!lost_.empty()) throw_lost("flushing pushed data");
+    if (ok) return;
+    if (Clock::now() >= until) {
+      throw Timeout("pushed data not consumed by '" + path_ + "' within " + ms_text(op_timeout_));
+    }
+  }
 }
 
 bool Connection::update_ready(const std::string& name, int64_t step) {

@@ -250,6 +250,8 @@ class Connection {
   /// How long a pusher of a shm session reads the credit words before it sleeps: several
   /// chunks' drain time at memory bandwidth (a 256 KiB chunk takes ~20-40 us to copy).
   static constexpr std::chrono::microseconds kCreditSpin{200};
+  /// How often flush() writes push frames other threads held while it waits (push_batch.hpp).
+  static constexpr std::chrono::milliseconds kFlushRecheck{10};
   /// The attempt pushes and commits of (name, step) carry. Takes mu_.
   uint32_t attempt_of(const std::string& name, int64_t step);
 

@@ -548,7 +548,9 @@ void PeerLink::on_error(transport::ErrorMsg e, uint32_t request_id) {
   if (!e.param.empty()) {
     // What this link pushes for the step from now on is a new try (transport::Push::attempt).
     if (e.step >= 0) ++attempts_[{e.param, e.step}];
-    if (e.step < 0) {  // a fetch's refusal
+    // A fetch's refusal: a fetch has no request id. A registration's refusal that came after its
+    // reply timed out names its parameter with step -1 too, but carries its request id.
+    if (e.step < 0 && request_id == 0) {
       auto f = fetches_.find(e.param);
       if (f != fetches_.end() && !f->second.empty()) {
         auto done = std::move(f->second.front().done);
