@@ -1265,42 +1265,64 @@ struct Collector {
 
 }  // namespace
 
-TEST(Scheduler, QueuedJobsOfOneShapeAndOptionsRunAsOneBatch) {
-  auto backend = std::make_unique<RecordingBackend>();
-  auto* rec = backend.get();
-  std::promise<void> entered, release;
-  auto released = release.get_future().share();
+namespace {
+
+// A scheduler over a RecordingBackend whose worker blocks in on_done of its first group until
+// release(), so that what the test queues meanwhile is taken together. `names` holds each
+// finished group's job names, in order.
+struct HeldScheduler {
+  explicit HeldScheduler(int64_t max_batch_elements = kMaxBatchElements) {
+    auto backend = std::make_unique<RecordingBackend>();
+    rec = backend.get();
+    sched = std::make_unique<Scheduler>(
+        std::move(backend),
+        [this](std::vector<NsJob> batch) {
+          std::vector<std::string> n;
+          for (const auto& j : batch) n.push_back(j.name);
+          names.push_back(n);
+          if (first) {  // block the worker until the test has queued the rest
+            first = false;
+            entered.set_value();
+            released.wait();
+          }
+        },
+        nullptr, max_batch_elements);
+  }
+  void wait_entered() { entered.get_future().wait(); }
+  void release() { release_promise.set_value(); }
+
+  RecordingBackend* rec = nullptr;
+  std::promise<void> entered, release_promise;
+  std::shared_future<void> released = release_promise.get_future().share();
   std::vector<std::vector<std::string>> names;
   bool first = true;
-  Scheduler sched(std::move(backend), [&](std::vector<NsJob> batch) {
-    std::vector<std::string> n;
-    for (const auto& j : batch) n.push_back(j.name);
-    names.push_back(n);
-    if (first) {  // block the worker until the test has queued the rest
-      first = false;
-      entered.set_value();
-      released.wait();
-    }
-  });
+  std::unique_ptr<Scheduler> sched;  // last: stopped before the rest goes
+};
+
+}  // namespace
+
+TEST(Scheduler, QueuedJobsOfOneShapeAndOptionsRunAsOneBatch) {
+  HeldScheduler held;
+  Scheduler& sched = *held.sched;
   MuonOptions o;
   MuonOptions o2 = o;
   o2.momentum.mu = 0.5f;
   std::vector<std::vector<float>> mom(7, std::vector<float>(64, 0.0f));
   sched.submit(make_job("a", {1, 4, 8}, o, mom[0], 1));
-  entered.get_future().wait();
+  held.wait_entered();
   sched.submit(make_job("b", {1, 4, 8}, o, mom[1], 2));
   sched.submit(make_job("e", {1, 8, 4}, o, mom[2], 3));   // other shape
   sched.submit(make_job("c", {2, 4, 8}, o, mom[3], 4));   // same rows/cols, batch 2
   sched.submit(make_job("f", {1, 4, 8}, o2, mom[4], 5));  // other options
   sched.submit(make_job("d", {1, 4, 8}, o, mom[5], 6));
   EXPECT_EQ(sched.queued(), 5u);
-  release.set_value();
+  held.release();
   sched.stop();
   EXPECT_EQ(sched.queued(), 0u);
   const std::vector<std::vector<std::string>> expected = {{"a"}, {"b", "c", "d"}, {"e"}, {"f"}};
-  EXPECT_EQ(names, expected);
+  EXPECT_EQ(held.names, expected);
   // One backend call for b, c, d: 1 + 2 + 1 matrices.
-  EXPECT_EQ(rec->counts, (std::vector<int64_t>{1, 4, 1, 1}));
+  EXPECT_EQ(held.rec->counts, (std::vector<int64_t>{1, 4, 1, 1}));
   sched.stop();  // idempotent
   EXPECT_THROW(sched.submit(make_job("late", {1, 4, 8}, o, mom[6], 7)), Error);
 }
@@ -1309,40 +1331,23 @@ TEST(Scheduler, QueuedJobsOfOneShapeAndOptionsRunAsOneBatch) {
 // 2^26) runs as several runner calls in submission order, each within the cap, and a job larger
 // than the cap runs alone; on_done still gets the group once.
 TEST(Scheduler, AGroupPastTheBatchCapRunsAsSeveralBatchesInOrder) {
-  auto backend = std::make_unique<RecordingBackend>();
-  auto* rec = backend.get();
-  std::promise<void> entered, release;
-  auto released = release.get_future().share();
-  std::vector<std::vector<std::string>> names;
-  bool first = true;
-  Scheduler sched(
-      std::move(backend),
-      [&](std::vector<NsJob> batch) {
-        std::vector<std::string> n;
-        for (const auto& j : batch) n.push_back(j.name);
-        names.push_back(n);
-        if (first) {
-          first = false;
-          entered.set_value();
-          released.wait();
-        }
-      },
-      nullptr, 96);
+  HeldScheduler held(96);
+  Scheduler& sched = *held.sched;
   MuonOptions o;
   std::vector<std::vector<float>> mom(6, std::vector<float>(128, 0.0f));
   sched.submit(make_job("a", {1, 4, 8}, o, mom[0], 1));
-  entered.get_future().wait();
+  held.wait_entered();
   sched.submit(make_job("b", {1, 4, 8}, o, mom[1], 2));  // 32
   sched.submit(make_job("c", {2, 4, 8}, o, mom[2], 3));  // 64: b + c = 96, the cap
   sched.submit(make_job("d", {1, 4, 8}, o, mom[3], 4));  // would make 128: a new batch
   sched.submit(make_job("e", {4, 4, 8}, o, mom[4], 5));  // 128 > the cap: alone
   sched.submit(make_job("f", {1, 4, 8}, o, mom[5], 6));
-  release.set_value();
+  held.release();
   sched.stop();
   const std::vector<std::vector<std::string>> expected = {{"a"}, {"b", "c", "d", "e", "f"}};
-  EXPECT_EQ(names, expected);
+  EXPECT_EQ(held.names, expected);
   // Calls: a; b + c (1 + 2 matrices, 96 elements); d; e alone (4 matrices); f.
-  EXPECT_EQ(rec->counts, (std::vector<int64_t>{1, 3, 1, 4, 1}));
+  EXPECT_EQ(held.rec->counts, (std::vector<int64_t>{1, 3, 1, 4, 1}));
 }
 
 namespace {
