@@ -96,24 +96,20 @@ std::vector<UpdateChunk> cut_update(const std::string& name, const NsJob& job,
   return chunks;
 }
 
-/// The chunk's elements of `update` (numel host fp32) as `dt` bytes; `prefix` is
-/// packed_starts(ranks.want) for a packed registration.
-std::vector<std::byte> chunk_bytes(const UpdateChunk& c, const RankRanges& ranks,
-                                   std::span<const int64_t> prefix, const float* update,
-                                   DType dt) {
-  const size_t esize = transport::dtype_bytes(dt);
-  std::vector<std::byte> data(static_cast<size_t>(c.u.count) * esize);
+/// Writes the chunk's elements of `update` (numel host fp32) as `dt` at `out` (u.count elements
+/// of `dt`); `prefix` is packed_starts(ranks.want) for a packed registration.
+void write_chunk(const UpdateChunk& c, const RankRanges& ranks, std::span<const int64_t> prefix,
+                 const float* update, DType dt, std::byte* out) {
   if (!ranks.packed) {
-    narrow_from_f32(dt, {update + c.u.offset, static_cast<size_t>(c.u.count)}, data.data());
-    return data;
+    narrow_from_f32(dt, {update + c.u.offset, static_cast<size_t>(c.u.count)}, out);
+    return;
   }
+  const size_t esize = transport::dtype_bytes(dt);
   for_each_packed_piece(ranks.want, prefix, c.u.offset, c.u.count,
                         [&](size_t, int64_t e, int64_t pos, int64_t n) {
                           narrow_from_f32(dt, {update + e, static_cast<size_t>(n)},
-                                          data.data() + static_cast<size_t>(pos - c.u.offset) *
-                                                            esize);
+                                          out + static_cast<size_t>(pos - c.u.offset) * esize);
                         });
-  return data;
 }
 
 }  // namespace
@@ -172,9 +168,23 @@ void Engine::send_update(const std::string& name, Param& p, NsJob& job, int only
         auto s = h.session.lock();
         if (!s || s->closed()) continue;
         for (auto& c : h.chunks) {
-          auto data = chunk_bytes(c, h.ranks, h.prefix, update, dt);
           metrics_.chunk_returned(transport::ChunkKind::gradient,
                                   static_cast<size_t>(c.u.count) * esize);
+          // Straight into a free result slot where it is host memory (shm): one pass over the
+          // bytes instead of three (a zeroed staging buffer, the narrowing, the copy into the
+          // slot), none of them on fresh pages.
+          ServerPlane* plane = s->plane();
+          if (plane && plane->has_host_result_slots() &&
+              s->send_chunk_direct(c.u, [&](uint32_t slot) {
+                write_chunk(c, h.ranks, h.prefix, update, dt, plane->host_result_slot(slot));
+                return AfterFrame{};
+              })) {
+            continue;
+          }
+          // No free slot (or chunks already wait): staged, in order, until the client returns
+          // one.
+          std::vector<std::byte> data(static_cast<size_t>(c.u.count) * esize);
+          write_chunk(c, h.ranks, h.prefix, update, dt, data.data());
           s->send_chunk(std::move(c.u), dt, std::move(data));
         }
       }

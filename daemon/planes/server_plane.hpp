@@ -102,6 +102,13 @@ class ServerPlane {
   /// returns what must follow the update frame that announces the slot. Throws DeviceError.
   virtual AfterFrame write_host(uint32_t slot, const std::byte* data, size_t bytes,
                                 transport::DType dtype) = 0;
+  /// Whether the rx slots are host memory of this process that the io thread may write itself
+  /// (shm: the segment's slots), so that an update's chunk is narrowed straight into its slot
+  /// instead of into a staging buffer that write_host then copies. The device planes: no.
+  virtual bool has_host_result_slots() const { return false; }
+  /// Rx slot `slot`'s slot_bytes, where has_host_result_slots(); nothing follows the frame that
+  /// announces what was written there. Throws InvalidArgument elsewhere.
+  virtual std::byte* host_result_slot(uint32_t slot);
   /// Whether write_update can take a parameter held on the GPU data plane straight into a slot.
   virtual bool writes_device_updates() const { return false; }
   /// Writes update[offset, offset + count) of `param` (device memory) into rx slot `slot` as

@@ -47,6 +47,8 @@ class ShmPlane final : public ServerPlane {
     std::memcpy(segment_.rx_slot(slot), data, bytes);
     return {};
   }
+  bool has_host_result_slots() const override { return true; }
+  std::byte* host_result_slot(uint32_t slot) override { return segment_.rx_slot(slot); }
 
   // In case the client never mapped it; the pages go once both sides unmapped. A copy onto the
   // device may still read them (a platform where pageable copies run asynchronously): they stay

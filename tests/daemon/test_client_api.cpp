@@ -275,6 +275,38 @@ TEST(ClientApi, Bf16GradientsAndUpdatesOnTheWire) {
   fs::remove_all(dir);
 }
 
+// An update larger than the session's result ring (8 slots of 64 KiB here): the server narrows
+// the chunks that find a free slot straight into it and stages the others until the client
+// returns slots (daemon/egress/egress.cpp). Both kinds, in order, give the update bitwise, fp32
+// and bf16 alike, over two steps.
+TEST(ClientApi, AnUpdateLargerThanTheResultRingComesBackBitwise) {
+  const auto dir = temp_dir();
+  ServerProcess server(dir);  // 64 KiB slots, 8 rx slots: 512 KiB of ring
+  client::Client c(config_for(server.socket()));
+  auto f32 = one_param("f32", {512, 768});  // 1.5 MiB: 24 chunks
+  auto bf16 = one_param("bf16", {512, 1024}, transport::DType::f32, transport::DType::bf16);
+  c.register_parameters({f32, bf16});  // bf16: 1 MiB of updates, 16 chunks
+  Reference ref_f32(f32), ref_bf16(bf16);
+  for (int64_t s = 0; s < 2; ++s) {
+    const auto g1 = gradient(512 * 768, s, 0, 1);
+    const auto g2 = gradient(512 * 1024, s, 0, 2);
+    c.push("f32", s, 0, g1.data(), 512 * 768);
+    c.push("bf16", s, 0, g2.data(), 512 * 1024);
+    c.commit("f32", s);
+    c.commit("bf16", s);
+    std::vector<float> u1(g1.size());
+    std::vector<uint16_t> u2(g2.size());
+    ASSERT_TRUE(c.wait_update("f32", s, u1.data()));
+    ASSERT_TRUE(c.wait_update("bf16", s, u2.data()));
+    EXPECT_TRUE(same_bits(u1, ref_f32.step(g1))) << "step " << s;
+    const auto want2 = ref_bf16.step(g2);
+    for (size_t i = 0; i < want2.size(); ++i) {
+      ASSERT_EQ(u2[i], transport::f32_to_bf16(want2[i])) << "step " << s << " element " << i;
+    }
+  }
+  fs::remove_all(dir);
+}
+
 TEST(ClientApi, ServerKilledFailsFastThenRestoreReconnectAndGoOnBitwise) {
   const auto dir = temp_dir();
   const std::string snap = (dir / "m.safetensors").string();
