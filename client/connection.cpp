@@ -188,7 +188,10 @@ void Connection::write_locked(const Buffers& buffers, uint16_t what) {
   boost::system::error_code ec;
   asio::write(socket_, buffers, ec);
   if (ec) {
-    std::lock_guard lk2(mu_);
+    std::unique_lock lk2(mu_);
+    // The reader gets the server's last frames (an error that says why) before EOF: wait for
+    // it, bounded (the reader may itself wait for write_mu_, held here, to send an ack).
+    cv_.wait_for(lk2, kLostReasonWait, [&] { return !lost_.empty(); });
     if (lost_.empty()) lost_ = "write failed: " + ec.message();
     cv_.notify_all();
     throw ConnectionLost("connection to muon-offloadd at '" + path_ + "' lost (" + lost_ +
@@ -606,7 +609,7 @@ void Connection::reader_loop() {
       }
     }
     std::lock_guard lk(mu_);
-    if (lost_.empty()) lost_ = why;
+    if (lost_.empty()) lost_ = stopped_why_.empty() ? why : stopped_why_;
     if (plane_ && !closing_) plane_->abort();  // the server is gone (see lose())
     cv_.notify_all();
     return;
@@ -630,6 +633,9 @@ void Connection::handle(transport::Frame f) {
     }
     case MessageType::error: {
       auto e = transport::decode<transport::ErrorMsg>(f.payload);
+      // A server that shuts down closes the connection once its steps in flight are answered:
+      // that will be why it is lost.
+      if (e.code == ErrorCode::shutdown && stopped_why_.empty()) stopped_why_ = e.message;
       if (f.request_id != 0 && replies_.count(f.request_id)) {
         replies_[f.request_id].error = e;
         replies_[f.request_id].done = true;
@@ -643,7 +649,7 @@ void Connection::handle(transport::Frame f) {
       } else {
         // Not about one parameter (shutdown, protocol): every waiter should see it.
         for (auto& [name, p] : params_) p.errors[-1] = e;
-        if (e.code == ErrorCode::shutdown && lost_.empty()) lost_ = "server shutting down";
+        if (e.code == ErrorCode::shutdown && lost_.empty()) lost_ = e.message;  // and why
       }
       break;
     }

@@ -252,6 +252,10 @@ class Connection {
   static constexpr std::chrono::microseconds kCreditSpin{200};
   /// How often flush() writes push frames other threads held while it waits (push_batch.hpp).
   static constexpr std::chrono::milliseconds kFlushRecheck{10};
+  /// How long a failed write waits for the reader to learn why the server closed the
+  /// connection (an error frame it sent first, e.g. its shutdown, then EOF), so that the
+  /// ConnectionLost names the server's reason rather than the broken pipe it caused.
+  static constexpr std::chrono::milliseconds kLostReasonWait{200};
   /// The attempt pushes and commits of (name, step) carry. Takes mu_.
   uint32_t attempt_of(const std::string& name, int64_t step);
 
@@ -287,6 +291,9 @@ class Connection {
   /// on this connection (the server refuses it by name). Takes mu_.
   uint32_t wire_id(const std::string& name, transport::ChunkKind kind);
   std::string lost_;
+  /// The server's shutdown error (its first), the reason the connection is lost once it
+  /// closes (under mu_).
+  std::string stopped_why_;
   /// What of the server's momentum outlives a crash, from its hello ("" for a server that does
   /// not say): appended to every ConnectionLost message.
   std::string crash_note_;

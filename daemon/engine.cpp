@@ -217,16 +217,17 @@ bool Engine::any_computing() const {
   });
 }
 
-void Engine::shutdown(std::function<void()> done) {
+void Engine::shutdown(const std::string& why, std::function<void()> done) {
   stopping_ = true;
   shutdown_done_ = std::move(done);
+  shutdown_why_ = "server shutting down (" + why + ")";
   // Steps still being gathered are aborted: nothing of them reached the momentum.
   for (auto& [name, p] : params_) {
     if (const auto dropped = p.steps.drop()) {
       const int64_t step = dropped->step;
       report_dropped(p,
                      {ErrorCode::shutdown,
-                      "server shutting down: step " + std::to_string(step) + " of '" + name +
+                      shutdown_why_ + ": step " + std::to_string(step) + " of '" + name +
                           "' aborted, momentum untouched",
                       name, step, -1},
                      -1);
@@ -255,8 +256,16 @@ void Engine::maybe_finish_shutdown() {
     if (auto s = w.lock()) open.push_back(s);
   }
   for (auto& s : open) {
-    s->send_error({ErrorCode::shutdown, "server shutting down", "", -1, -1});
+    s->send_error({ErrorCode::shutdown, shutdown_why_, "", -1, -1});
     s->close("server shutdown");
+  }
+  // Nothing may keep the io_context running now: a pending step or registration timer would
+  // hold the process up to its step timeout after every session closed.
+  for (auto& [name, p] : params_) {
+    if (p.timer) p.timer->cancel();
+  }
+  for (auto& [id, h] : held_fetches_) {
+    if (h.timer) h.timer->cancel();
   }
   // The pool's links go too, saying goodbye (nothing is owed once nothing computes: the peers
   // must not take this server for lost); each closes once its goodbye is written.

@@ -70,8 +70,8 @@ class Engine {
 
   /// Stops taking steps, waits for the Newton-Schulz work in flight, writes the final snapshot
   /// (when configured), closes every session and stops the worker; then calls `done` on the io
-  /// thread.
-  void shutdown(std::function<void()> done);
+  /// thread. `why` ("signal SIGTERM", "stop requested") goes into every error the ranks get.
+  void shutdown(const std::string& why, std::function<void()> done);
 
   /// Readable state for `status` (JSON text): server version, uptime, world size, sessions
   /// (rank, client, pending chunks, last step report), parameters (shape, last step,
@@ -316,6 +316,7 @@ class Engine {
   /// Expires with the Engine: callbacks of threads that may outlive it check it first.
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
   std::function<void()> shutdown_done_;
+  std::string shutdown_why_;  // "server shutting down (signal SIGTERM)": what the ranks are told
   std::optional<PoolRoutes> routes_;  // the plan's routes (config_.plan_path)
   std::unique_ptr<Relay> relay_;      // toward the owners of relayed parameters
   /// Replicas of the parameters whose owner's buddy this server is (or whose takeover owner

@@ -247,7 +247,7 @@ void Server::begin_shutdown(const std::string& why) {
   tcp_accept_retry_.cancel();
   signals_.cancel(ignored);
   if (metrics_) metrics_->close();
-  engine_->shutdown([] {});
+  engine_->shutdown(why, [] {});
 }
 
 }  // namespace muon::daemon

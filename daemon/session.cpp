@@ -21,7 +21,9 @@ void Session::start() {
 void Session::read_more() {
   auto self = shared_from_this();
   socket_.async_read_some(asio::buffer(read_buf_), [self](boost::system::error_code ec, size_t n) {
-    if (self->closed_) return;
+    // A closing session (its last frames still being written) takes no more frames: the server
+    // has said why it ends, and what the client sends now would start work nobody waits for.
+    if (self->closed_ || self->closing_) return;
     if (ec) {
       self->finish(ec == asio::error::eof ? "client disconnected" : "read failed: " + ec.message());
       return;

@@ -16,6 +16,12 @@ using transport::MessageType;
 
 void Engine::on_register(const SessionPtr& s, const Frame& f) {
   const auto m = transport::decode<transport::RegisterParam>(f.payload);
+  if (stopping_ && !m.replica) {  // no registration starts (or arms its timer) while stopping
+    reply_error(s, {ErrorCode::shutdown, shutdown_why_ + ": registration of '" + m.name + "' refused",
+                    m.name, -1, s->rank},
+                f.request_id);
+    return;
+  }
   try {
     register_param(s, f, m);
   } catch (const InvalidArgument& e) {

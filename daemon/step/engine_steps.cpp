@@ -22,6 +22,14 @@ void Engine::check_gradient_step(const transport::Push& m, const Param& p) const
 
 StepReducer* Engine::start_gathering(const SessionPtr& s, const transport::Push& m, Param& p) {
   if (auto* open = p.steps.gathering()) return open;
+  // Stopping: the steps being computed finish, no step starts (shutdown() dropped the open ones).
+  if (stopping_) {
+    reply_error(s, {ErrorCode::shutdown,
+                    shutdown_why_ + ": step " + std::to_string(m.step) + " of '" + m.name +
+                        "' not started, momentum untouched",
+                    m.name, m.step, s->rank});
+    return nullptr;
+  }
   // A step that needs a lost rank can never complete: say so now, not at the timeout.
   for (const auto& [lost, what] : lost_ranks_) {
     if (contributes(*p.layout, lost)) {
@@ -251,9 +259,16 @@ void Engine::on_closed(const SessionPtr& s, const std::string& why) {
     }
     return;
   }
-  if (rank >= 0 && why != "goodbye" && !stopping_) {
-    lost_ranks_[rank] = rank_name(rank) + " (" + s->client_name + ") was lost (" + why + ")";
-    tell_lost(s, lost_ranks_[rank]);
+  // A relay server says goodbye only when it stops (Relay::leave, at its shutdown): unlike a
+  // compute rank at the end of its job, it is not coming back by itself, and a step that needs
+  // its partial sum is refused at once, naming it, until it reconnects (not at the timeout).
+  const bool relay = s->world_size > 0 && rank >= s->world_size;
+  const std::string gone = why != "goodbye" ? "was lost (" + why + ")"
+                           : relay          ? "shut down (it said goodbye)"
+                                            : "left (goodbye)";
+  if (rank >= 0 && (why != "goodbye" || relay) && !stopping_) {
+    lost_ranks_[rank] = rank_name(rank) + " (" + s->client_name + ") " + gone;
+    if (why != "goodbye") tell_lost(s, lost_ranks_[rank]);
   }
   for (auto& [name, p] : params_) {
     std::erase_if(p.waiting, [&](const auto& w) {
@@ -267,8 +282,7 @@ void Engine::on_closed(const SessionPtr& s, const std::string& why) {
     report_dropped(
         p,
         {ErrorCode::peer_lost,
-         rank_name(rank) + " (" + s->client_name + ") " +
-             (why == "goodbye" ? "left (goodbye)" : "was lost (" + why + ")") + " during step " +
+         rank_name(rank) + " (" + s->client_name + ") " + gone + " during step " +
              std::to_string(step) + " of '" + name + "'; partial step dropped, momentum untouched",
          name, step, rank},
         rank);

@@ -231,6 +231,42 @@ TEST(PoolRelayFailure, ServerKilledMidRunFailsTheOtherDomainWithItNamed) {
   }
 }
 
+// SIGTERM to one server of the pool (an orderly stop, not a crash): every rank learns it at
+// once, with the server named and the stop's reason, not at the step timeout (a minute here).
+// Domain 1's ranks hear it from their own server; domain 0's from theirs: the owner of its
+// relayed parameters is shutting down, or the relay of its owned ones shut down (its goodbye),
+// and a step that needs that relay's partial sum is refused until it reconnects.
+TEST(PoolRelayFailure, ServerStoppedMidRunIsNamedAsStoppedToEveryRankAtOnce) {
+  Pool pool;
+  ServerProcess s0(pool.dir, pool.args(0, {"--step-timeout-ms", "60000"}), "pool0");
+  ServerProcess s1(pool.dir, pool.args(1, {"--step-timeout-ms", "60000"}), "pool1");
+  auto runs = pool.ranks("replicated", [](int) {
+    return std::vector<std::string>{"--steps", "100000", "--op-timeout-ms", "120000"};
+  });
+  std::this_thread::sleep_for(1500ms);  // well into the run
+  EXPECT_EQ(s1.terminate(), 0);  // SIGTERM: domain 1's server stops in order
+  for (int r = 0; r < kWorld; ++r) {
+    const auto rc = wait_exit(runs[r].pid, 30s);
+    const auto e = read_err(runs[r].out);
+    if (domain_of(r) == 1) {
+      // The server's error, or the connection it then closed (exit 4: ConnectionLost), which
+      // gives the error's text as the reason.
+      EXPECT_TRUE((rc == 3 && e.code == "shutdown") || rc == 4)
+          << "rank " << r << ": exit " << rc.value_or(-1) << ", " << e.code << ": " << e.message;
+      EXPECT_NE(e.message.find("server shutting down (signal SIGTERM)"), std::string::npos)
+          << "rank " << r << ": " << e.message;
+      continue;
+    }
+    EXPECT_EQ(rc, 3) << "rank " << r;
+    EXPECT_TRUE(e.code == "shutdown" || e.code == "peer_lost")
+        << "rank " << r << ": " << e.code << ": " << e.message;
+    EXPECT_NE(e.message.find("server 1"), std::string::npos) << "rank " << r << ": " << e.message;
+    EXPECT_TRUE(e.message.find("server shutting down (signal SIGTERM)") != std::string::npos ||
+                e.message.find("shut down (it said goodbye)") != std::string::npos)
+        << "rank " << r << ": " << e.message;
+  }
+}
+
 TEST(PoolRelayFailure, UnreachableOwnerIsNamedToTheRelaysRanks) {
   Pool pool;  // server 1 never starts
   ServerProcess s0(pool.dir, pool.args(0, {"--step-timeout-ms", "3000"}), "pool0");

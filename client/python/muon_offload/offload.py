@@ -33,7 +33,7 @@ from .base import MuonOptimizerBase, base_keywords, muon_config
 from .client import Client
 from .config import MuonConfig
 from ._native import ConnectionLost, InvalidArgument, MuonOffloadError, NonFiniteGradient
-from .errors import MUON_ERR_CONNECTION, MUON_ERR_PEER_LOST, PeerLost
+from .errors import MUON_ERR_CONNECTION, MUON_ERR_PEER_LOST, PeerLost, ServerError
 from .crash_report import lost_steps_report, relay_lost_servers
 from .failover import DirectFailover
 from .layouts import is_dtensor, local_tensor, replica_groups, shard_like, storage_layout
@@ -77,6 +77,19 @@ def plan_failover_pairs(path: Optional[str], rank: int = 0) -> Dict[str, Tuple[i
     return plan_reader.failover_pairs(plan_reader.read(path), rank,
                                       os.environ.get("MUON_OFFLOAD_SERVERS_SCOPE") == "global",
                                       source=f"plan '{path}'")
+
+
+# How the server words an orderly stop (daemon/engine.cpp, Engine::shutdown): the start of the
+# error it sends every rank, which the client library also gives as a lost connection's reason.
+_SERVER_STOPPED = "server shutting down ("
+
+
+def _stopped(e: Exception) -> bool:
+    """Whether ``e`` says a server was stopped in order (SIGTERM, a stop request) rather than
+    lost: its ``shutdown`` error, or the connection it then closed."""
+    if isinstance(e, ServerError) and e.error_name == "shutdown":
+        return True
+    return isinstance(e, ConnectionLost) and _SERVER_STOPPED in str(e)
 
 
 class OffloadMuon(MuonOptimizerBase):
@@ -397,6 +410,19 @@ class OffloadMuon(MuonOptimizerBase):
         self._pushed.clear()
         self._committed.clear()
         self._failover.end_step()
+        if _stopped(e):
+            # Stopped in order (a signal, a stop request): the steps being computed finished and
+            # the --snapshot was written; the step it aborted left the momentum untouched.
+            report = self._lost_steps_report()
+            raise e.with_message(
+                f"{e}\n{report + chr(10) if report else ''}"
+                "The muon-offloadd server was stopped (the message says why: a signal from the "
+                "launcher, the job scheduler or an operator, or a stop request); it finished the "
+                "steps it was computing and wrote its --snapshot, if it has one. To resume: "
+                "restart it (`--restore SNAPSHOT` brings that momentum back), call "
+                "optimizer.reconnect(), and step() goes on where the snapshot holds this "
+                "optimizer's last step; otherwise reload your last trainer checkpoint "
+                "(optimizer.load_state_dict puts its momentum back into the server).") from None
         if isinstance(e, ConnectionLost):
             report = self._lost_steps_report()
             raise e.with_message(

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from helpers import TinyNet, batch, param_diff, same_params, train
-from muon_offload import ConnectionLost, InvalidArgument
+from muon_offload import ConnectionLost, InvalidArgument, MuonOffloadError
 from muon_offload.torch import InProcessMuon, OffloadMuon
 
 KW = dict(lr=0.03, weight_decay=0.05, adamw_lr=2e-3)
@@ -129,6 +129,36 @@ def test_stop_mid_step_keeps_the_periodic_snapshot(server_factory, tmpdir_privat
     assert s.stop() == 0  # SIGTERM: the final snapshot would mix steps
     assert snapshot_steps(snap)["step"] == "1"
     assert "final snapshot skipped" in open(s.log).read()
+
+
+def test_a_stop_mid_step_says_why_and_how_to_resume_and_the_run_goes_on_bitwise(
+        server_factory, tmpdir_private):
+    snap = str(tmpdir_private / "stopped.safetensors")
+    s = server_factory("stopped", extra=["--snapshot", snap])
+    m = TinyNet()
+    opt = OffloadMuon(m.named_parameters(), servers=[s.socket], **KW)
+    train(m, opt, 2)
+    # Step 2's gradients pushed, not committed (no_commit): the server is gathering them when
+    # it is stopped, so it aborts step 2 with the momentum untouched and snapshots step 1.
+    opt.zero_grad(set_to_none=True)
+    x, y = batch(2)
+    with opt.no_commit():
+        m(x, y).backward()
+    assert s.stop() == 0  # SIGTERM
+    with pytest.raises(MuonOffloadError) as e:
+        opt.step()
+    msg = str(e.value)
+    # Why (the signal), that the server was stopped rather than lost, what its snapshot holds
+    # against this optimizer, and how to resume.
+    assert "server shutting down (signal SIGTERM)" in msg, msg
+    assert "was stopped" in msg and "no step lost" in msg and "--restore" in msg, msg
+    assert snapshot_steps(snap)["step"] == "1"
+    # As the message says: restart from the snapshot, reconnect, step on (step 2 again).
+    s.restart(extra=["--snapshot", snap, "--restore", snap])
+    opt.reconnect()
+    train(m, opt, 2, start=2)
+    assert same_params(m, reference(4)), param_diff(m, reference(4))
+    opt.close()
 
 
 def test_snapshot_every_needs_a_path(tmpdir_private):
