@@ -93,6 +93,8 @@ class MuonOptimizerBase(torch.optim.Optimizer):
         self._pg = process_group
         self.world_size = dist.get_world_size(process_group) if process_group is not None else 1
         self.rank = dist.get_rank(process_group) if process_group is not None else 0
+        # The _FIXED_KEYS of each Muon group (by index) as its parameters were registered.
+        self._registered_keys: Dict[int, dict] = {}
         self._meta: Dict[torch.Tensor, MuonParam] = {}
         self._muon_params: List[torch.Tensor] = []
         self._adamw: Optional[torch.optim.AdamW] = None
@@ -136,6 +138,7 @@ class MuonOptimizerBase(torch.optim.Optimizer):
             self._add_adamw_group(group)
             return
         super().add_param_group(group)
+        self._registered_keys[len(self.param_groups) - 1] = self._fixed_values(group)
         flatten = group.get("flatten") or [False] * len(group["params"])
         # The group's own torch.optim.Muon keywords (a group may set momentum, ns_steps...).
         cfg = self.config.replace(**{k: group[k] for k in MuonConfig.KEYWORDS
@@ -309,6 +312,30 @@ class MuonOptimizerBase(torch.optim.Optimizer):
     # -- checkpoints ------------------------------------------------------------------------
     # Keys a Muon group's server registration fixed: a checkpoint must agree on them.
     _FIXED_KEYS = ("momentum", "nesterov", "ns_coefficients", "eps", "ns_steps")
+
+    @classmethod
+    def _fixed_values(cls, group: dict) -> dict:
+        return {k: tuple(map(float, group[k])) if k == "ns_coefficients" else group[k]
+                for k in cls._FIXED_KEYS if k in group}
+
+    def _check_fixed_keys(self) -> None:
+        """Raises InvalidArgument when a Muon group's momentum, nesterov, ns_coefficients, eps or
+        ns_steps changed since its parameters were registered: the server steps them with the
+        registered values, so a change (a scheduler's, a user's) would be ignored silently,
+        while torch.optim.Muon reads the group at every step."""
+        for i, g in enumerate(self.param_groups):
+            was = self._registered_keys.get(i)
+            if not g.get("use_muon") or was is None:
+                continue
+            now = self._fixed_values(g)
+            for k, old in was.items():
+                if now.get(k, old) != old:
+                    raise InvalidArgument(
+                        f"param group {i}: {k} changed from {old!r} to {now[k]!r} after its "
+                        f"parameters were registered with the server, which steps them with "
+                        f"{k}={old!r}: construct the optimizer with the value you want (a "
+                        "scheduler that cycles momentum, e.g. OneCycleLR, needs "
+                        "cycle_momentum=False; lr and weight_decay may change at any step)")
 
     def load_state_dict(self, state_dict):
         """torch's load_state_dict, accepting torch.optim.Muon's layout too (no ``step``: taken

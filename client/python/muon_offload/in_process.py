@@ -66,6 +66,7 @@ class InProcessMuon(MuonOptimizerBase):
             with torch.enable_grad():
                 loss = closure()
         t0 = time.perf_counter()
+        self._check_fixed_keys()
         items = [(g, p) for g, p in self._muon_items() if p.grad is not None]
         if self._ddp is None:
             self._average_([p.grad for _, p in items])

@@ -502,6 +502,8 @@ class OffloadMuon(MuonOptimizerBase):
         return int(self.state[p].get("step", 0))
 
     def _push(self, p: torch.Tensor, grad: Optional[torch.Tensor]) -> None:
+        if not self._pushed:  # the step's first push: nothing of it reached the server yet
+            self._check_fixed_keys()
         m = self._meta[p]
         step = self._server_step(p)
         if m.layout is not None:
@@ -733,6 +735,7 @@ class OffloadMuon(MuonOptimizerBase):
                 loss = closure()
         t0 = time.perf_counter()
         self._check_usable()
+        self._check_fixed_keys()
         errors = []
         waited = []
         try:

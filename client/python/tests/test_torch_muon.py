@@ -246,3 +246,26 @@ def test_parity_helper_is_torchs_function_in_fp32():
     with torch_muon_in_fp32():
         assert torch_muon._zeropower_via_newtonschulz is torch_newton_schulz_fp32
     assert torch_muon._zeropower_via_newtonschulz is saved
+
+
+@pytest.mark.parametrize("key,value", [("momentum", 0.85), ("nesterov", False), ("ns_steps", 3)])
+def test_a_group_key_the_server_fixed_cannot_change_silently(server, key, value):
+    """torch.optim.Muon reads momentum, nesterov and ns_steps from the group at every step (a
+    scheduler such as OneCycleLR cycles momentum); the server steps with the values registered.
+    A change is refused before any of its step reaches the server, naming the key; lr may change.
+    Set back, the run goes on bitwise as torch's."""
+    ref, mine = make_model(), make_model()
+    t_opt = torch.optim.Muon(ref.parameters(), lr=0.02)
+    o_opt = Muon(mine.parameters(), servers=[server.socket], lr=0.02)
+    lockstep(ref, t_opt, mine, o_opt, range(2))
+    for g in (t_opt.param_groups[0], o_opt.param_groups[0]):
+        g["lr"] = 0.01  # lr is the trainer's: it may change at any step
+    lockstep(ref, t_opt, mine, o_opt, range(2, 3))
+    was = o_opt.param_groups[0][key]
+    o_opt.param_groups[0][key] = value
+    o_opt.zero_grad()
+    with pytest.raises(InvalidArgument, match=f"{key} changed from {was!r} to {value!r}"):
+        loss_fn(mine, 3).backward()  # the first push of the step checks: nothing went out
+    o_opt.param_groups[0][key] = was
+    lockstep(ref, t_opt, mine, o_opt, range(3, 5))
+    o_opt.close()
