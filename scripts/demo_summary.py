@@ -63,11 +63,14 @@ def main():
         d = max(abs(x - y) for x, y in zip(off["losses"], inp["losses"]))
         print(f"[--] offload ({a.backend}) vs in-process (CPU): {same}/{n} losses equal, max "
               f"difference {d:.2e} (bitwise equality holds for the CPU backend only)")
-    good = end(off) < h - 0.5
+    # No model of character frequencies alone gets below the unigram entropy on average; a
+    # default run (300 steps) ends more than a nat below it, a short one (STEPS=20) less.
+    margin = 0.5 if n >= 100 else 0.1
+    good = end(off) < h - margin
     ok &= good
     print(f"[{'OK' if good else 'FAIL'}] end loss {end(off):.3f} vs unigram entropy {h:.3f} "
-          f"nats/char: {h - end(off):.3f} below it (the model learned context, not just "
-          "frequencies)")
+          f"nats/char: {h - end(off):.3f} below it, {margin} required after {n} steps (the "
+          "model learned context, not just frequencies)")
     ref = runs["torch"]
     diffs = [abs(x - y) for x, y in zip(off["losses"], ref["losses"])]
     print(f"[--] offload vs torch.optim.Muon (same math; torch's Newton-Schulz in bf16, the "

@@ -146,6 +146,9 @@ class MuonOptimizerBase(torch.optim.Optimizer):
                                   ns_coefficients=tuple(group["ns_coefficients"]))
         new = []
         for i, (p, name, flat) in enumerate(zip(group["params"], group["param_names"], flatten)):
+            if torch.is_complex(p):  # torch.optim.Muon refuses them too (at its step)
+                raise InvalidArgument(f"parameter '{name}': Muon does not support complex "
+                                      "parameters")
             layout = self._compute_layout(name)
             flat_by_layout, blocks = resolve_layout(name, tuple(p.shape), matrix_shape(p, flat),
                                                     layout)
@@ -312,6 +315,12 @@ class MuonOptimizerBase(torch.optim.Optimizer):
     # -- checkpoints ------------------------------------------------------------------------
     # Keys a Muon group's server registration fixed: a checkpoint must agree on them.
     _FIXED_KEYS = ("momentum", "nesterov", "ns_coefficients", "eps", "ns_steps")
+
+    @staticmethod
+    def _refuse_unsupported_grad(name: str, grad: Optional[torch.Tensor]) -> None:
+        """Raises InvalidArgument for a gradient Muon cannot take (as torch.optim.Muon does)."""
+        if grad is not None and grad.is_sparse:
+            raise InvalidArgument(f"parameter '{name}': Muon does not support sparse gradients")
 
     @classmethod
     def _fixed_values(cls, group: dict) -> dict:

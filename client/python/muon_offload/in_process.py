@@ -68,6 +68,8 @@ class InProcessMuon(MuonOptimizerBase):
         t0 = time.perf_counter()
         self._check_fixed_keys()
         items = [(g, p) for g, p in self._muon_items() if p.grad is not None]
+        for _, p in items:
+            self._refuse_unsupported_grad(self._meta[p].name, p.grad)
         if self._ddp is None:
             self._average_([p.grad for _, p in items])
         errors = []

@@ -505,6 +505,7 @@ class OffloadMuon(MuonOptimizerBase):
         if not self._pushed:  # the step's first push: nothing of it reached the server yet
             self._check_fixed_keys()
         m = self._meta[p]
+        self._refuse_unsupported_grad(m.name, grad)
         step = self._server_step(p)
         if m.layout is not None:
             g = self._local_grad(m, grad, self._io_device(p))

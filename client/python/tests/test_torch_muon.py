@@ -269,3 +269,20 @@ def test_a_group_key_the_server_fixed_cannot_change_silently(server, key, value)
     o_opt.param_groups[0][key] = was
     lockstep(ref, t_opt, mine, o_opt, range(3, 5))
     o_opt.close()
+
+
+def test_complex_parameters_and_sparse_gradients_are_refused_as_torch_refuses_them(server):
+    """torch.optim.Muon raises for a complex parameter and a sparse gradient (at its step); ours
+    says the same, the complex parameter at construction, rather than dropping the imaginary
+    part or failing inside a reshape."""
+    with pytest.raises(InvalidArgument, match="'param.0': Muon does not support complex parameters"):
+        Muon([nn.Parameter(torch.randn(4, 4, dtype=torch.complex64))], servers=[server.socket])
+    w = nn.Parameter(torch.randn(6, 4))
+    opt = Muon([w], servers=[server.socket])
+    w.grad = torch.randn(6, 4).to_sparse()
+    with pytest.raises(InvalidArgument, match="Muon does not support sparse gradients"):
+        opt.step()
+    w.grad = torch.randn(6, 4)  # a dense gradient: the step goes on
+    opt.step()
+    assert opt.state[w]["step"] == 1
+    opt.close()
