@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "cli/number_checks.hpp"
 #include "core/error.hpp"
 #include "plan/model_config.hpp"
 #include "plan/plan.hpp"
@@ -146,11 +147,11 @@ void add_plan_command(CLI::App& app) {
   auto* tokens = sub->add_option("--tokens-per-step", a->tokens_per_step,
                                  "Training tokens per step (step time = 6 x active params x "
                                  "tokens / (GPUs x MFU x peak))")
-                     ->check(CLI::PositiveNumber)
+                     ->check(finite_positive())
                      ->capture_default_str();
   auto* step = sub->add_option("--step-time-ms", a->step_time_ms,
                                "Measured step time with every GPU training, instead of tokens")
-                   ->check(CLI::PositiveNumber);
+                   ->check(finite_positive());
   tokens->excludes(step);
   step->excludes(tokens);
   sub->add_option("--gpu-model", a->gpu_model,
@@ -163,10 +164,10 @@ void add_plan_command(CLI::App& app) {
   sub->add_option("--gemm-tflops", a->gemm_tflops,
                   "GEMM rate of a server GPU, TFLOP/s (default: 80 % of the GPU model's dense "
                   "peak at --ns-precision; or measured by bench/ with --gemm-efficiency 1)")
-      ->check(CLI::PositiveNumber);
+      ->check(finite_positive());
   sub->add_option("--gpu-memory-gb", a->gpu_memory_gb,
                   "Memory of one GPU, GB (default: the topology's, else the GPU model's)")
-      ->check(CLI::PositiveNumber);
+      ->check(finite_positive());
   sub->add_option("--client-mode", a->client_mode,
                   "How ranks push gradients (OffloadMuon's mode): server_reduce (each rank its "
                   "whole gradient; the server keeps one buffer per rank) or shard (1/world each)")
@@ -175,7 +176,7 @@ void add_plan_command(CLI::App& app) {
   sub->add_option("--colocated-memory-share", a->colocated_memory_share,
                   "Share of its GPU's memory a co-located server may use (the trainer keeps the "
                   "rest)")
-      ->check(CLI::Range(0.01, 1.0))
+      ->check(finite_range(0.01, 1.0))
       ->capture_default_str();
   sub->add_option("--memory-check", a->memory_check,
                   "refuse: a plan whose servers do not fit in GPU memory is an error (auto "
@@ -185,19 +186,19 @@ void add_plan_command(CLI::App& app) {
   sub->add_option("--auto-tolerance", a->auto_tolerance,
                   "auto: candidates within this fraction of the cheapest total (or "
                   "--auto-tolerance-ms) count as equal; the fewest servers among them wins")
-      ->check(CLI::Range(0.0, 10.0))
+      ->check(finite_range(0.0, 10.0))
       ->capture_default_str();
   sub->add_option("--auto-tolerance-ms", a->auto_tolerance_ms,
                   "auto: the same tolerance in milliseconds (the larger of the two applies)")
-      ->check(CLI::Range(0.0, 1e9))
+      ->check(finite_range(0.0, 1e9))
       ->capture_default_str();
   sub->add_option("--gemm-efficiency", a->gemm_efficiency,
                   "Fraction of the GEMM rate Newton-Schulz reaches")
-      ->check(CLI::Range(0.001, 1.0))
+      ->check(finite_range(0.001, 1.0))
       ->capture_default_str();
   sub->add_option("--launch-overhead-us", a->launch_overhead_us,
                   "Per GEMM launch, microseconds (3 launches per Newton-Schulz step)")
-      ->check(CLI::Range(0.0, 1e6))
+      ->check(finite_range(0.0, 1e6))
       ->capture_default_str();
   sub->add_option("--schedule", a->schedule,
                   "Newton-Schulz schedule (see `muon-offload schedules`)")
@@ -211,36 +212,36 @@ void add_plan_command(CLI::App& app) {
       ->check(CLI::IsMember({"plain", "syrk", "gram"}))
       ->capture_default_str();
   sub->add_option("--mfu", a->mfu, "Model FLOPs utilization of training")
-      ->check(CLI::Range(0.001, 1.0))
+      ->check(finite_range(0.001, 1.0))
       ->capture_default_str();
   sub->add_option("--train-peak-tflops", a->train_peak_tflops,
                   "Peak TFLOP/s of a compute GPU that MFU refers to (default: the GPU model's "
                   "dense bf16 peak, e.g. 989 on H100/H200 SXM)")
-      ->check(CLI::PositiveNumber);
+      ->check(finite_positive());
   sub->add_option("--nvlink-gbs-per-link", a->nvlink_gbs,
                   "GB/s per NVLink link and direction (NVLink 3/4)")
-      ->check(CLI::PositiveNumber)
+      ->check(finite_positive())
       ->capture_default_str();
   sub->add_option("--fabric-gbs-per-link", a->fabric_gbs,
                   "GB/s per NVLink 5 link and direction (NVL72 fabric domains)")
-      ->check(CLI::PositiveNumber)
+      ->check(finite_positive())
       ->capture_default_str();
   sub->add_option("--pcie-gbs", a->pcie_gbs, "GB/s per GPU and direction over PCIe")
-      ->check(CLI::PositiveNumber)
+      ->check(finite_positive())
       ->capture_default_str();
   sub->add_option("--network-gbs", a->network_gbs, "GB/s per GPU and direction across hosts")
-      ->check(CLI::PositiveNumber)
+      ->check(finite_positive())
       ->capture_default_str();
   sub->add_option("--wire-dtype", a->wire_dtype, "Gradient and update elements on the wire")
       ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();
   sub->add_option("--overlap-fraction", a->overlap_fraction,
                   "Share of the compute step a dedicated server's work can hide behind")
-      ->check(CLI::Range(0.0, 1.0))
+      ->check(finite_range(0.0, 1.0))
       ->capture_default_str();
   sub->add_option("--colocated-interference", a->colocated_interference,
                   "Share of a co-located server's NS time its GPU's compute rank loses")
-      ->check(CLI::Range(0.0, 10.0))
+      ->check(finite_range(0.0, 10.0))
       ->capture_default_str();
   sub->add_option("--socket-dir", a->socket_dir,
                   "Directory of the server sockets written into the plan (default: the daemon's, "
