@@ -297,10 +297,14 @@ class OffloadMuon(MuonOptimizerBase):
                                       job=job if job is not None else self._job_identity(),
                                       resume=bool(resume_from_server))
         except ConnectionLost as e:
+            first = self.servers[0]
+            # A TCP endpoint is a server that listens on TCP beside its Unix socket.
+            start = (f"`muon-offloadd --listen {first[len('tcp://'):]} --auth-token-file FILE` "
+                     "on that host" if first.startswith("tcp://")
+                     else f"`muon-offloadd --socket {first}`")
             raise e.with_message(
                 f"{e}\n(is muon-offloadd running? start it with scripts/muon-offload-launch, or "
-                f"`muon-offloadd --socket {self.servers[0]}`; check with "
-                f"`muon-offload health --socket {self.servers[0]}`)") from None
+                f"{start}; check with `muon-offload health --socket {first}`)") from None
         self._device_io = bool(cuda_params) and _native.has_cuda()
         try:
             with on_device:  # connections opened on first use (global scope): the same device

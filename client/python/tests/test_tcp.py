@@ -78,3 +78,18 @@ def test_nccl_is_a_data_plane_name(server):
     # A CPU server refuses it (or this library has no NCCL): either way not an unknown name.
     with pytest.raises((ServerError, BackendUnavailable), match="nccl"):
         Client([server.socket], data_plane="nccl")
+
+
+def test_no_server_at_a_tcp_endpoint_says_how_to_start_one_there():
+    """The advice for a TCP endpoint nobody listens on is the server's --listen (its --socket is
+    a Unix socket path)."""
+    import torch
+    from muon_offload import ConnectionLost
+    from muon_offload.torch import OffloadMuon
+    port = free_port()
+    w = torch.nn.Parameter(torch.randn(6, 4))
+    with pytest.raises(ConnectionLost) as e:
+        OffloadMuon([("w", w)], servers=[f"tcp://127.0.0.1:{port}"], connect_timeout_s=0.5)
+    msg = str(e.value)
+    assert f"muon-offloadd --listen 127.0.0.1:{port} --auth-token-file FILE" in msg, msg
+    assert f"muon-offload health --socket tcp://127.0.0.1:{port}" in msg, msg
