@@ -137,6 +137,22 @@ struct Pool {
 
 class PoolRelay : public ::testing::TestWithParam<std::string> {};
 
+// Both servers of `pool` (step timeout `step_timeout_ms`) and its four ranks well into an
+// endless replicated run (their own waits `op_timeout_ms`), for a failure to strike mid-run.
+struct PoolMidRun {
+  PoolMidRun(const Pool& pool, const std::string& step_timeout_ms,
+             const std::string& op_timeout_ms)
+      : s0(pool.dir, pool.args(0, {"--step-timeout-ms", step_timeout_ms}), "pool0"),
+        s1(pool.dir, pool.args(1, {"--step-timeout-ms", step_timeout_ms}), "pool1"),
+        runs(pool.ranks("replicated", [&](int) {
+          return std::vector<std::string>{"--steps", "100000", "--op-timeout-ms", op_timeout_ms};
+        })) {
+    std::this_thread::sleep_for(1500ms);
+  }
+  ServerProcess s0, s1;
+  std::vector<ClientRun> runs;
+};
+
 }  // namespace
 
 TEST_P(PoolRelay, RelayedUpdatesAndOwnersMomentumAreBitwiseTheTreeReduction) {
@@ -211,13 +227,9 @@ TEST(PoolRelayFailure, RankLostInOneDomainFailsTheStepForEveryRankWithinTheTimeo
 
 TEST(PoolRelayFailure, ServerKilledMidRunFailsTheOtherDomainWithItNamed) {
   Pool pool;
-  ServerProcess s0(pool.dir, pool.args(0, {"--step-timeout-ms", "3000"}), "pool0");
-  ServerProcess s1(pool.dir, pool.args(1, {"--step-timeout-ms", "3000"}), "pool1");
-  auto runs = pool.ranks("replicated", [](int) {
-    return std::vector<std::string>{"--steps", "100000", "--op-timeout-ms", "60000"};
-  });
-  std::this_thread::sleep_for(1500ms);  // well into the run
-  s1.kill9();  // domain 1's server: owner of half the parameters, relay of the other half
+  PoolMidRun mid(pool, "3000", "60000");
+  auto& runs = mid.runs;
+  mid.s1.kill9();  // domain 1's server: owner of half the parameters, relay of the other half
   for (int r = 0; r < 2; ++r) {
     // Domain 0 learns it from its own server: the owner of its relayed parameters is gone, or the
     // relay of its owned ones is.
@@ -238,13 +250,9 @@ TEST(PoolRelayFailure, ServerKilledMidRunFailsTheOtherDomainWithItNamed) {
 // and a step that needs that relay's partial sum is refused until it reconnects.
 TEST(PoolRelayFailure, ServerStoppedMidRunIsNamedAsStoppedToEveryRankAtOnce) {
   Pool pool;
-  ServerProcess s0(pool.dir, pool.args(0, {"--step-timeout-ms", "60000"}), "pool0");
-  ServerProcess s1(pool.dir, pool.args(1, {"--step-timeout-ms", "60000"}), "pool1");
-  auto runs = pool.ranks("replicated", [](int) {
-    return std::vector<std::string>{"--steps", "100000", "--op-timeout-ms", "120000"};
-  });
-  std::this_thread::sleep_for(1500ms);  // well into the run
-  EXPECT_EQ(s1.terminate(), 0);  // SIGTERM: domain 1's server stops in order
+  PoolMidRun mid(pool, "60000", "120000");
+  auto& runs = mid.runs;
+  EXPECT_EQ(mid.s1.terminate(), 0);  // SIGTERM: domain 1's server stops in order
   for (int r = 0; r < kWorld; ++r) {
     const auto rc = wait_exit(runs[r].pid, 30s);
     const auto e = read_err(runs[r].out);
