@@ -449,8 +449,11 @@ class OffloadMuon(MuonOptimizerBase):
             raise e.with_message(
                 f"{msg}\nThe server's step for this parameter does not follow this optimizer's: "
                 "it holds state from another run (use a fresh server, another prefix=, or "
-                "resume_from_server=True) or the optimizer state was not loaded "
-                "(optimizer.load_state_dict(checkpoint)).") from None
+                "resume_from_server=True), the optimizer state was not loaded "
+                "(optimizer.load_state_dict(checkpoint)), or a backward ran without its step(): "
+                "its gradients were committed during backward and the server already applied "
+                "them (skipping step() after backward is not supported; reload a "
+                "checkpoint).") from None
         raise e
 
     def _lost_steps_report(self) -> str:
@@ -684,7 +687,8 @@ class OffloadMuon(MuonOptimizerBase):
                 f"gradient of '{self._meta[p].name}' arrived after its step "
                 f"{self._pushed.get(p)} was committed: for gradient accumulation wrap all "
                 "but the last micro-batch in `with optimizer.no_commit():` (under DDP: "
-                "`with model.no_sync():`), or call step() between backward passes")
+                "`with model.no_sync():`), or call step() between backward passes (a backward "
+                "whose step() is skipped was already applied by the server)")
 
     def _take_grad(self, p: torch.Tensor, grad: torch.Tensor) -> None:
         """Pushes ``grad`` for Muon parameter ``p`` and commits it (unless in no_commit)."""
