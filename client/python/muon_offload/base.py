@@ -258,6 +258,41 @@ class MuonOptimizerBase(torch.optim.Optimizer):
                 pos += t.numel()
         return finish
 
+    def _agree_on_grads(self, params: Sequence[torch.Tensor], pushed=()) -> None:
+        """Data parallel without DDP: a parameter that some rank has a gradient for (or pushed
+        it, ``pushed``) and this rank has not, an expert or a branch this rank's batch did not
+        use, gets a zero gradient here, as DDP's mean gives it; one that no rank has stays None
+        and is skipped, as torch skips it. Without this the ranks' lists of gradients differ and
+        their all-reduce mixes parameters (or fails on the sizes). Costs one all-reduce of a flag
+        per parameter (none with one rank, under DDP, or for DTensors, which FSDP reduces).
+        InProcessMuon calls it first in step(). OffloadMuon does not yet: its pushes must agree
+        before it waits for updates, and a collective there would turn a stalled rank's server
+        timeout into a wait in the collective."""
+        if self.world_size == 1 or self._ddp is not None:
+            return
+        ps = [p for p in params if not is_dtensor(p)]
+        if not ps:
+            return
+        device = (torch.device("cuda", torch.cuda.current_device())
+                  if dist.get_backend(self._pg) == "nccl" else torch.device("cpu"))
+        flags = torch.tensor([int(p.grad is not None or p in pushed) for p in ps],
+                             dtype=torch.int32, device=device)
+        self._collective(lambda: dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._pg))
+        for p, any_rank in zip(ps, flags.tolist()):
+            if any_rank and p.grad is None and p not in pushed:
+                p.grad = torch.zeros_like(p)
+
+    def _collective(self, run: Callable[[], None]) -> None:
+        """Runs a torch.distributed wait (``run``); a subclass may say more when it fails (a
+        server's report of a lost rank)."""
+        run()
+
+    def _adamw_params(self) -> List[torch.Tensor]:
+        """The AdamW parameters, in group order (the same on every rank)."""
+        if self._adamw is None:
+            return []
+        return [p for g in self._adamw.param_groups for p in g["params"]]
+
     def _adamw_grads(self) -> List[torch.Tensor]:
         """The AdamW gradients this optimizer averages itself: none under DDP (attach_ddp) and
         none of DTensors (the training stack reduced them: FSDP2's reduce-scatter)."""

@@ -67,6 +67,7 @@ class InProcessMuon(MuonOptimizerBase):
                 loss = closure()
         t0 = time.perf_counter()
         self._check_fixed_keys()
+        self._agree_on_grads([p for _, p in self._muon_items()] + self._adamw_params())
         items = [(g, p) for g, p in self._muon_items() if p.grad is not None]
         for _, p in items:
             self._refuse_unsupported_grad(self._meta[p].name, p.grad)

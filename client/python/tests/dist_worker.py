@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from helpers import TinyNet, train
+from helpers import TinyNet, batch, train
 
 
 class GatedNet(TinyNet):
@@ -18,6 +18,51 @@ class GatedNet(TinyNet):
 
     def forward(self, idx, targets):
         return super().forward(idx, targets) + self.gate(self.embed(idx)).pow(2).mean()
+
+
+class BranchNet(GatedNet):
+    """GatedNet whose gate (a Muon matrix) and gate_bias (AdamW) a rank's batch may skip (an
+    expert its tokens were not routed to): their gradients are then None on that rank only."""
+
+    def __init__(self, seed=0):
+        super().__init__(seed)
+        self.gate_bias = nn.Parameter(torch.zeros(1))
+        self.use_gate = True
+
+    def forward(self, idx, targets):
+        loss = TinyNet.forward(self, idx, targets)
+        if not self.use_gate:
+            return loss
+        return loss + (self.gate(self.embed(idx)) + self.gate_bias).pow(2).mean()
+
+
+def run_unused(rank: int, world: int, init: str, socket: str, outdir: str):
+    """4 steps of InProcessMuon, bare (its own averaging) and under DDP with
+    find_unused_parameters (the reference); rank 1 skips the gate at steps 1 and 3, both ranks
+    at step 2."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from muon_offload.torch import InProcessMuon
+    kw = dict(lr=0.03, weight_decay=0.05, adamw_lr=2e-3)
+    try:
+        for variant in ("bare", "ddp"):
+            model = BranchNet()
+            wrapped = DDP(model, find_unused_parameters=True) if variant == "ddp" else model
+            opt = InProcessMuon(model.named_parameters(),
+                                **(dict(kw, ddp=wrapped) if variant == "ddp" else kw))
+            losses = []
+            for s in range(4):
+                model.use_gate = not (s == 2 or (rank == 1 and s % 2 == 1))
+                opt.zero_grad(set_to_none=True)
+                x, y = batch(s, rank)
+                loss = wrapped(x, y)
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+            finish(outdir, variant, rank, model, opt, losses, opt.state_dict())
+    finally:
+        dist.destroy_process_group()
 
 
 def finish(outdir, variant, rank, model, opt, losses, sd):
