@@ -247,6 +247,10 @@ int muon_client_update_ready(muon_client* c, const char* name, int64_t step) {
   return guarded([&] { return c->impl->update_ready(name, step) ? 1 : 0; });
 }
 
+int muon_client_update_state(muon_client* c, const char* name, int64_t step) {
+  return guarded([&] { return static_cast<int>(c->impl->update_state(name, step)); });
+}
+
 int muon_client_fetch_momentum(muon_client* c, const char* name, float* dst, int64_t numel,
                                int64_t* last_step) {
   return muon_client_fetch_momentum_after(c, name, -1, dst, numel, last_step);

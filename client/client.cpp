@@ -367,6 +367,10 @@ bool Client::update_ready(const std::string& name, int64_t step) {
   return owner(name).update_ready(name, step);
 }
 
+UpdateState Client::update_state(const std::string& name, int64_t step) {
+  return owner(name).update_state(name, step);
+}
+
 void Client::set_update_callback(UpdateCallback cb) {
   std::lock_guard lk(callback_mu_);
   callback_ = std::move(cb);

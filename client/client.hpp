@@ -196,6 +196,8 @@ class Client {
   bool wait_update_device(const std::string& name, int64_t step, void* device_dst,
                           StreamHandle stream);
   bool update_ready(const std::string& name, int64_t step);
+  /// Where the update of (name, step) stands (Connection::update_state). Never waits.
+  UpdateState update_state(const std::string& name, int64_t step);
   /// Calls `cb(name, step)` on a client thread as each update completes (once per parameter and
   /// step; it may run just before or just after a wait_update of the same step returns). The
   /// callback must not block on the client.

@@ -466,6 +466,17 @@ bool Connection::update_ready(const std::string& name, int64_t step) {
   return it != params_.end() && it->second.complete.count(step) != 0;
 }
 
+UpdateState Connection::update_state(const std::string& name, int64_t step) {
+  std::lock_guard lk(mu_);
+  auto it = params_.find(name);
+  if (it == params_.end()) return lost_.empty() ? UpdateState::pending : UpdateState::lost;
+  const auto& p = it->second;
+  // In take_update's order: an error first, then the values, then the lost connection.
+  if (p.errors.count(step) != 0 || p.errors.count(-1) != 0) return UpdateState::failed;
+  if (p.complete.count(step) != 0 || step <= p.dropped_through) return UpdateState::complete;
+  return lost_.empty() ? UpdateState::pending : UpdateState::lost;
+}
+
 bool Connection::wait_update(const std::string& name, int64_t step, std::byte* dst) {
   return take_update(name, step, [&](ParamRx::Complete& c) { c.values->copy_to_host(dst); });
 }

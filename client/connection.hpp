@@ -33,6 +33,14 @@ using Clock = std::chrono::steady_clock;
 /// Called on the reader thread when a parameter's update for a step is complete.
 using UpdateCallback = std::function<void(const std::string& name, int64_t step)>;
 
+/// Where one update stands (Connection::update_state; the C ABI's muon_client_update_state).
+enum class UpdateState : int {
+  pending = 0,   ///< wait_update would wait
+  complete = 1,  ///< its values are here (or the step was skipped and is done with)
+  failed = 2,    ///< the server failed the step: wait_update raises its error
+  lost = 3,      ///< the connection is lost: wait_update raises ConnectionLost
+};
+
 class Connection {
  public:
   /// Connects to `endpoint` (a Unix socket path or "tcp://HOST:PORT", transport::parse_endpoint;
@@ -113,6 +121,8 @@ class Connection {
                           StreamHandle stream);
   /// True when the update of (name, step) is complete.
   bool update_ready(const std::string& name, int64_t step);
+  /// Where the update of (name, step) stands, as wait_update would find it now. Never waits.
+  UpdateState update_state(const std::string& name, int64_t step);
 
   /// Fetches the full fp32 momentum and its last applied step; with after_step >= 0 the server
   /// answers once the parameter's step has reached it (transport::StateFetch::after_step).

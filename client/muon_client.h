@@ -146,6 +146,10 @@ int muon_client_wait_update_device(muon_client* c, const char* name, int64_t ste
                                    int64_t dst_bytes, void* cuda_stream, int* applied);
 /* 1 when the update of (name, step) is complete, 0 when not, < 0 on error. */
 int muon_client_update_ready(muon_client* c, const char* name, int64_t step);
+/* Where the update of (name, step) stands, as muon_client_wait_update would find it now; never
+ * waits: 0 pending (the wait would wait), 1 complete, 2 failed (the server failed the step: the
+ * wait returns its error), 3 the connection is lost; < 0 on error. */
+int muon_client_update_state(muon_client* c, const char* name, int64_t step);
 
 /* Momentum (fp32, all numel elements) of a parameter, and its last applied step. */
 int muon_client_fetch_momentum(muon_client* c, const char* name, float* dst, int64_t numel,

@@ -119,6 +119,39 @@ TEST(ClientApi, ReplayedStepIsRefusedAndALiveRankCannotConnectTwice) {
   fs::remove_all(dir);
 }
 
+// update_state answers without waiting, as wait_update would find the update: pending before the
+// server answers, complete once the values are here, failed once the server failed the step
+// (the wait then throws its error), lost once the server is gone.
+TEST(ClientApi, UpdateStateSaysWhatAWaitWouldFindWithoutWaiting) {
+  using client::UpdateState;
+  const auto dir = temp_dir();
+  ServerProcess server(dir);
+  client::Client c(config_for(server.socket()));
+  c.register_parameters({one_param("w", {8, 8})});
+  const auto poll = [&](int64_t step, UpdateState until) {
+    const auto give_up = std::chrono::steady_clock::now() + 60s;
+    while (c.update_state("w", step) == UpdateState::pending &&
+           std::chrono::steady_clock::now() < give_up) {
+      std::this_thread::sleep_for(1ms);
+    }
+    EXPECT_EQ(c.update_state("w", step), until) << "step " << step;
+  };
+  EXPECT_EQ(c.update_state("w", 0), UpdateState::pending);  // nothing pushed
+  const auto g = gradient(64, 0);
+  c.push("w", 0, 0, g.data(), 64);
+  c.commit("w", 0);
+  poll(0, UpdateState::complete);
+  std::vector<float> u(64);
+  EXPECT_TRUE(c.wait_update("w", 0, u.data()));
+  c.push("w", 5, 0, g.data(), 64);  // a gap: the server refuses step 5
+  c.commit("w", 5);                  // (the commit writes the push frame the client held)
+  poll(5, UpdateState::failed);
+  expect_server_error([&] { c.wait_update("w", 5, u.data()); }, "step_mismatch", "step 5");
+  server.kill9();
+  poll(1, UpdateState::lost);
+  fs::remove_all(dir);
+}
+
 TEST(ClientApi, NonFiniteGradientUnderSkipPolicyGivesZerosAndKeepsMomentum) {
   const auto dir = temp_dir();
   ServerProcess server(dir);

@@ -101,6 +101,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "muon_client_wait_update": (i, [h, cp, i64, vp, i64, ctypes.POINTER(i)]),
         "muon_client_wait_update_device": (i, [h, cp, i64, vp, i64, vp, ctypes.POINTER(i)]),
         "muon_client_update_ready": (i, [h, cp, i64]),
+        "muon_client_update_state": (i, [h, cp, i64]),
         "muon_client_fetch_momentum": (i, [h, cp, vp, i64, c_int64_p]),
         "muon_client_fetch_momentum_after": (i, [h, cp, i64, vp, i64, c_int64_p]),
         "muon_client_load_momentum": (i, [h, cp, i64, vp, i64]),

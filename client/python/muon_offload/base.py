@@ -265,9 +265,9 @@ class MuonOptimizerBase(torch.optim.Optimizer):
         and is skipped, as torch skips it. Without this the ranks' lists of gradients differ and
         their all-reduce mixes parameters (or fails on the sizes). Costs one all-reduce of a flag
         per parameter (none with one rank, under DDP, or for DTensors, which FSDP reduces).
-        InProcessMuon calls it first in step(). OffloadMuon does not yet: its pushes must agree
-        before it waits for updates, and a collective there would turn a stalled rank's server
-        timeout into a wait in the collective."""
+        Both optimizers call it first in step(); OffloadMuon's zero pushes then precede its
+        waits for updates (a rank that pushes nothing would hold every other rank's step), and
+        its :meth:`_await` watches the server meanwhile."""
         if self.world_size == 1 or self._ddp is not None:
             return
         ps = [p for p in params if not is_dtensor(p)]
@@ -277,10 +277,15 @@ class MuonOptimizerBase(torch.optim.Optimizer):
                   if dist.get_backend(self._pg) == "nccl" else torch.device("cpu"))
         flags = torch.tensor([int(p.grad is not None or p in pushed) for p in ps],
                              dtype=torch.int32, device=device)
-        self._collective(lambda: dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._pg))
+        work = dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._pg, async_op=True)
+        self._collective(lambda: self._await(work))
         for p, any_rank in zip(ps, flags.tolist()):
             if any_rank and p.grad is None and p not in pushed:
                 p.grad = torch.zeros_like(p)
+
+    def _await(self, work) -> None:
+        """Waits for an async collective of step() (``work``)."""
+        work.wait()
 
     def _collective(self, run: Callable[[], None]) -> None:
         """Runs a torch.distributed wait (``run``); a subclass may say more when it fails (a

@@ -355,6 +355,19 @@ class Client:
         if reg is not None:
             self._received += reg["want"] * reg["update_bytes"]
 
+    #: muon_client_update_state's answers, by value.
+    UPDATE_STATES = ("pending", "complete", "failed", "lost")
+
+    def update_state(self, name: str, step: int) -> str:
+        """Where the update of (name, step) stands, as :meth:`wait_update` would find it now:
+        "pending" (it would wait), "complete", "failed" (the server failed the step: the wait
+        raises its error) or "lost" (the connection). Never waits."""
+        with self._mu:
+            state = check(self._lib.muon_client_update_state(self._handle(), name.encode(),
+                                                             int(step)),
+                          f"update of '{name}' step {step}")
+        return self.UPDATE_STATES[state]
+
     def update_ready(self, name: str, step: int) -> bool:
         with self._mu:
             return bool(check(self._lib.muon_client_update_ready(self._handle(), name.encode(),

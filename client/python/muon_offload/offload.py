@@ -663,6 +663,20 @@ class OffloadMuon(MuonOptimizerBase):
                     raise
                 self._fail_over(server, e)
 
+    def _await(self, work) -> None:
+        """Waits for the collective of step() that agrees on the gradients while watching the
+        server: a step this rank committed that the server failed meanwhile (the step timeout
+        of a rank that stalled before its step(), which never joins the collective) raises the
+        server's error here, as it would in the update waits that follow."""
+        while not work.is_completed():
+            for p in list(self._committed):
+                m = self._meta[p]
+                if m.wanted and self._client.update_state(m.name, self._pushed[p]) == "failed":
+                    self._client.wait_update(m.name, self._pushed[p], torch.empty(
+                        m.wanted_numel, dtype=_TORCH_DTYPE[self._update_dtype]))  # raises it
+            time.sleep(0.001)
+        work.wait()
+
     def _wait_update(self, p: torch.Tensor, step: int, buf: torch.Tensor) -> None:
         """Waits for the update of ``p``'s ``step`` into ``buf``, failing over (and waiting
         again on the other server of its pair) when its server is lost."""
@@ -748,6 +762,11 @@ class OffloadMuon(MuonOptimizerBase):
         errors = []
         waited = []
         try:
+            # A gradient another rank has and this one lacks is pushed as zeros below. In shard
+            # mode the Muon gradients were all-reduced as backward produced them: AdamW only.
+            self._agree_on_grads(([p for _, p in self._muon_items()]
+                                  if self.mode == "server_reduce" else []) +
+                                 self._adamw_params(), self._pushed)
             for _, p in self._muon_items():
                 if p not in self._pushed and p.grad is not None:
                     self._push(p, p.grad)  # gradients set without backward hooks

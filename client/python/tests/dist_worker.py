@@ -37,20 +37,24 @@ class BranchNet(GatedNet):
 
 
 def run_unused(rank: int, world: int, init: str, socket: str, outdir: str):
-    """4 steps of InProcessMuon, bare (its own averaging) and under DDP with
-    find_unused_parameters (the reference); rank 1 skips the gate at steps 1 and 3, both ranks
-    at step 2."""
+    """4 steps of InProcessMuon under DDP with find_unused_parameters (the reference), and
+    without DDP InProcessMuon and OffloadMuon (server_reduce), each averaging itself; rank 1
+    skips the gate at steps 1 and 3, both ranks at step 2."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     from torch.nn.parallel import DistributedDataParallel as DDP
-    from muon_offload.torch import InProcessMuon
+    from muon_offload.torch import InProcessMuon, OffloadMuon
     kw = dict(lr=0.03, weight_decay=0.05, adamw_lr=2e-3)
     try:
-        for variant in ("bare", "ddp"):
+        for variant in ("ddp", "bare", "server_reduce"):
             model = BranchNet()
             wrapped = DDP(model, find_unused_parameters=True) if variant == "ddp" else model
-            opt = InProcessMuon(model.named_parameters(),
-                                **(dict(kw, ddp=wrapped) if variant == "ddp" else kw))
+            if variant == "server_reduce":
+                opt = OffloadMuon(model.named_parameters(), servers=[socket], prefix="unused/",
+                                  timeout_s=60, **kw)
+            else:
+                opt = InProcessMuon(model.named_parameters(),
+                                    **(dict(kw, ddp=wrapped) if variant == "ddp" else kw))
             losses = []
             for s in range(4):
                 model.use_gate = not (s == 2 or (rank == 1 and s % 2 == 1))
@@ -192,6 +196,9 @@ def run_ddp(rank: int, world: int, init: str, socket: str, outdir: str):
                         {"allreduced": hook.allreduced_bytes, "pushed": hook.pushed_bytes},
                         "adamw_bytes": sum(p.numel() * 4 for g in opt.param_groups
                                            if not g["use_muon"] for p in g["params"]),
+                        # step()'s agreement on which gradients exist, without DDP: an int32
+                        # flag per parameter (OptimizerBase._agree_on_grads)
+                        "flag_bytes": 4 * sum(len(g["params"]) for g in opt.param_groups),
                         "muon_bytes": sum(p.numel() * 4 for g in opt.param_groups
                                           if g["use_muon"] for p in g["params"]),
                         "muon_grads": [p.grad for g in opt.param_groups if g["use_muon"]

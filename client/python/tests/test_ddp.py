@@ -44,8 +44,10 @@ def test_ddp_equals_unwrapped_and_all_reduces_no_muon_bytes(server, tmpdir_priva
             # Every all-reduce of the DDP run: the AdamW gradients, once per step; no Muon byte.
             assert got["reduced_bytes"] == STEPS * adamw, (variant, got["reduced_bytes"])
             assert got["hook"] == {"allreduced": STEPS * adamw, "pushed": STEPS * muon}
-        # The bare run averages its AdamW gradients itself: the same bytes, in step().
-        assert out[("bare", r)]["reduced_bytes"] == STEPS * out[("bare", r)]["adamw_bytes"]
+        # The bare run averages its AdamW gradients itself: the same bytes, in step(), after the
+        # ranks agree on which gradients exist (an int32 flag per parameter).
+        bare = out[("bare", r)]
+        assert bare["reduced_bytes"] == STEPS * (bare["adamw_bytes"] + bare["flag_bytes"])
     # Different data per rank, one model: the weights agree across ranks.
     for p, q in zip(out[("ddp", 0)]["params"], out[("ddp", 1)]["params"]):
         assert torch.equal(p, q)

@@ -36,17 +36,19 @@ def test_two_ranks_both_modes_bitwise_inprocess(server, tmpdir_private):
     assert out[("shard", 1)]["losses"] == out[("inprocess", 1)]["losses"]
 
 
-def test_a_parameter_one_rank_did_not_use_is_reduced_with_zeros_as_ddp_does(tmpdir_private):
-    """InProcessMuon without DDP, rank 1 leaving a Muon matrix and an AdamW bias without
-    gradients at steps 1 and 3 (both ranks at step 2): the ranks agree on which gradients exist,
-    a missing one counts as zero and one no rank has is skipped, bitwise as under DDP with
-    find_unused_parameters. Before, the all-reduce of the ranks' lists of gradients mixed
-    parameters (or failed on their sizes)."""
+def test_a_parameter_one_rank_did_not_use_is_reduced_with_zeros_as_ddp_does(server,
+                                                                            tmpdir_private):
+    """Without DDP, rank 1 leaves a Muon matrix and an AdamW bias without gradients at steps 1
+    and 3 (both ranks at step 2): the ranks agree on which gradients exist, a missing one counts
+    as zero and one no rank has is skipped, bitwise as under DDP with find_unused_parameters,
+    in process and through the server. Before, the all-reduce of the ranks' lists of gradients
+    mixed parameters (or failed on their sizes), and the server paired rank 0's step with rank
+    1's next one, one step late from then on, silently."""
     init = f"tcp://127.0.0.1:{free_port()}"
-    mp.spawn(dist_worker.run_unused, args=(2, init, "", str(tmpdir_private)), nprocs=2,
-             join=True)
+    mp.spawn(dist_worker.run_unused, args=(2, init, server.socket, str(tmpdir_private)),
+             nprocs=2, join=True)
     out = {(v, r): torch.load(tmpdir_private / f"{v}_{r}.pt")
-           for v in ("bare", "ddp") for r in (0, 1)}
+           for v in ("ddp", "bare", "server_reduce") for r in (0, 1)}
     ref = out[("ddp", 0)]
     for key, o in out.items():
         for i, (p, q) in enumerate(zip(o["params"], ref["params"])):

@@ -54,8 +54,9 @@ def test_tp_and_fsdp_tp_match_in_process(server, tmpdir_private):
         assert o["fsdp_tp_local_numel"]["w1.weight"] == 24
         assert o["fsdp_tp_local_numel"]["w2.weight"] == 24
         # step() all-reduces only the AdamW plain tensors (embed, head: 2 x 128 floats) under
-        # TP, nothing under FSDP x TP (FSDP reduced them); no other collective.
-        assert o["tp_step_reduced"] == [2 * 128 * 4] * STEPS, o["tp_step_reduced"]
+        # TP, after the ranks agree on which of them have gradients (an int32 flag each);
+        # nothing under FSDP x TP (FSDP reduced them; every parameter is a DTensor).
+        assert o["tp_step_reduced"] == [2 * 4 + 2 * 128 * 4] * STEPS, o["tp_step_reduced"]
         assert o["fsdp_tp_step_reduced"] == [0] * STEPS
         assert o["fsdp_tp_step_collectives"] == [{}] * STEPS, o["fsdp_tp_step_collectives"]
         assert o["hsdp_step_collectives"] == [{}] * STEPS, o["hsdp_step_collectives"]
