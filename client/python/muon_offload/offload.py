@@ -194,8 +194,11 @@ class OffloadMuon(MuonOptimizerBase):
     its pushes surfaces as the server's PeerLost or Timeout naming it, never as a collective's
     error or a silent wait in it (docs/design.md, "Step order").
     A Muon parameter that got no gradient is skipped (weights and momentum untouched), like
-    torch optimizers do; under torch.distributed every rank must agree on which parameters have
-    gradients.
+    torch optimizers do. Under torch.distributed without DDP, step() first agrees with the other
+    ranks on which parameters have gradients (one all-reduce of a flag each): a rank that lacks
+    one another rank has pushes zeros, as DDP's mean counts it (mode ``server_reduce``; in mode
+    ``shard`` the Muon gradients are all-reduced during backward, so every rank must produce
+    them, as under DDP without find_unused_parameters).
 
     Gradient accumulation: wrap all but the last micro-batch in :meth:`no_commit`. In mode
     ``server_reduce`` each micro-batch's gradient is pushed and the pushes accumulate on the
