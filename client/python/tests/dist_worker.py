@@ -1,4 +1,5 @@
 """The body of one rank of the 2-rank gloo tests (spawned by test_distributed.py)."""
+import contextlib
 import os
 import sys
 
@@ -6,7 +7,20 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from helpers import TinyNet, batch, train
+from helpers import TinyNet, train
+
+KW = dict(lr=0.03, weight_decay=0.05, adamw_lr=2e-3)
+
+
+@contextlib.contextmanager
+def gloo_rank(rank: int, world: int, init: str):
+    """This process as rank `rank` of a gloo group of `world` (one torch thread), for the body."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
 
 
 class GatedNet(TinyNet):
@@ -40,34 +54,24 @@ def run_unused(rank: int, world: int, init: str, socket: str, outdir: str):
     """4 steps of InProcessMuon under DDP with find_unused_parameters (the reference), and
     without DDP InProcessMuon and OffloadMuon (server_reduce), each averaging itself; rank 1
     skips the gate at steps 1 and 3, both ranks at step 2."""
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     from torch.nn.parallel import DistributedDataParallel as DDP
     from muon_offload.torch import InProcessMuon, OffloadMuon
-    kw = dict(lr=0.03, weight_decay=0.05, adamw_lr=2e-3)
-    try:
+    with gloo_rank(rank, world, init):
         for variant in ("ddp", "bare", "server_reduce"):
             model = BranchNet()
             wrapped = DDP(model, find_unused_parameters=True) if variant == "ddp" else model
             if variant == "server_reduce":
                 opt = OffloadMuon(model.named_parameters(), servers=[socket], prefix="unused/",
-                                  timeout_s=60, **kw)
+                                  timeout_s=60, **KW)
             else:
                 opt = InProcessMuon(model.named_parameters(),
-                                    **(dict(kw, ddp=wrapped) if variant == "ddp" else kw))
-            losses = []
-            for s in range(4):
-                model.use_gate = not (s == 2 or (rank == 1 and s % 2 == 1))
-                opt.zero_grad(set_to_none=True)
-                x, y = batch(s, rank)
-                loss = wrapped(x, y)
-                loss.backward()
-                opt.step()
-                losses.append(loss.item())
-            finish(outdir, variant, rank, model, opt, losses, opt.state_dict())
-    finally:
-        dist.destroy_process_group()
+                                    **(dict(KW, ddp=wrapped) if variant == "ddp" else KW))
 
+            def gate(s, model=model):
+                model.use_gate = not (s == 2 or (rank == 1 and s % 2 == 1))
+
+            losses = train(model, opt, 4, rank=rank, forward=wrapped, before=gate)
+            finish(outdir, variant, rank, model, opt, losses, opt.state_dict())
 
 def finish(outdir, variant, rank, model, opt, losses, sd):
     """Saves a variant's run (weights, losses, state dict, the server of each Muon parameter),
@@ -83,18 +87,15 @@ def finish(outdir, variant, rank, model, opt, losses, sd):
 
 
 def run(rank: int, world: int, init: str, socket: str, outdir: str):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     from muon_offload.torch import InProcessMuon, OffloadMuon
-    kw = dict(lr=0.03, weight_decay=0.05, adamw_lr=2e-3)
-    try:
+    with gloo_rank(rank, world, init):
         for variant in ("inprocess", "server_reduce", "shard"):
             model = GatedNet()
             if variant == "inprocess":
-                opt = InProcessMuon(model.named_parameters(), **kw)
+                opt = InProcessMuon(model.named_parameters(), **KW)
             else:
                 opt = OffloadMuon(model.named_parameters(), servers=[socket], mode=variant,
-                                  prefix=variant + "/", **kw)
+                                  prefix=variant + "/", **KW)
             sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
             losses = train(model, opt, 3, rank=rank, sched=sched)
             # accumulation with 2 micro-batches, then a checkpoint round trip on every rank
@@ -103,9 +104,6 @@ def run(rank: int, world: int, init: str, socket: str, outdir: str):
             opt.load_state_dict(sd)
             losses += train(model, opt, 1, start=4, rank=rank)
             finish(outdir, variant, rank, model, opt, losses, sd)
-    finally:
-        dist.destroy_process_group()
-
 
 def run_pool(rank: int, world: int, init: str, sockets, single: str, outdir: str):
     """One rank of the pool-relay test (test_relays.py): the environment names the plan

@@ -39,18 +39,22 @@ def batch(step: int, rank: int = 0, n: int = 4, t: int = 6):
     return x, (x * 3 + 1) % VOCAB
 
 
-def train(model, opt, steps, start=0, rank=0, sched=None, micro=1):
+def train(model, opt, steps, start=0, rank=0, sched=None, micro=1, forward=None, before=None):
     """`steps` optimizer steps from step `start`; `micro` micro-batches per step (gradient
-    accumulation through no_commit). Returns the losses."""
+    accumulation through no_commit). `forward` runs the model (default: `model`, e.g. its DDP
+    wrapper instead); `before(step)` runs before each step's first forward. Returns the losses."""
+    forward = forward or model
     losses = []
     for s in range(start, start + steps):
+        if before is not None:
+            before(s)
         opt.zero_grad(set_to_none=True)
         for m in range(micro):
             x, y = batch(s * micro + m, rank)
             last = m + 1 == micro
             ctx = opt.no_commit() if not last else _null()
             with ctx:
-                loss = model(x, y) / micro
+                loss = forward(x, y) / micro
                 loss.backward()
             losses.append(loss.item())
         opt.step()
