@@ -112,10 +112,20 @@ Reference tree_reference(const std::string& mode, int steps, const char* kind = 
 }
 
 // The two servers of the plan, each told the whole pool.
+// The folder goes with it: a run's rank outputs (every update a rank received; ~100 MB each
+// after PoolMidRun's seconds of steps) must not pile up in /tmp run after run. Declared before the
+// servers and ranks of a test, it is destroyed after them.
 struct Pool {
   fs::path dir = temp_dir();
   std::string plan = write_plan(dir);
   std::string sock0 = (dir / "pool0.sock").string(), sock1 = (dir / "pool1.sock").string();
+  Pool() = default;
+  Pool(const Pool&) = delete;
+  Pool& operator=(const Pool&) = delete;
+  ~Pool() {
+    std::error_code ignored;
+    fs::remove_all(dir, ignored);
+  }
   std::vector<std::string> args(int id, std::vector<std::string> extra = {}) const {
     std::vector<std::string> a = {
         "--plan", plan, "--server-id", std::to_string(id), "--pool-servers", sock0 + "," + sock1};
