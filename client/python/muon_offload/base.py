@@ -394,10 +394,9 @@ class MuonOptimizerBase(torch.optim.Optimizer):
         for mine, saved in zip(self.param_groups, state_dict.get("param_groups", [])):
             if not mine["use_muon"]:
                 continue
-            for k in self._FIXED_KEYS:
-                a, b = mine.get(k), saved.get(k, mine.get(k))
-                if k == "ns_coefficients":
-                    a, b = tuple(map(float, a)), tuple(map(float, b))
+            ours, theirs = self._fixed_values(mine), self._fixed_values({**mine, **saved})
+            for k, a in ours.items():
+                b = theirs[k]
                 if a != b:
                     raise InvalidArgument(
                         f"checkpoint group has {k}={b!r}, this optimizer registered {k}={a!r} "
