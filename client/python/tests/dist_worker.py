@@ -105,35 +105,31 @@ def run(rank: int, world: int, init: str, socket: str, outdir: str):
             losses += train(model, opt, 1, start=4, rank=rank)
             finish(outdir, variant, rank, model, opt, losses, sd)
 
+
 def run_pool(rank: int, world: int, init: str, sockets, single: str, outdir: str):
     """One rank of the pool-relay test (test_relays.py): the environment names the plan
     (MUON_OFFLOAD_PLAN, global scope), so OffloadMuon sends each planned parameter to the server
     of this rank's domain; that server owns it or relays it to its owner. Variant "single" is
     mode shard on one server `single` without a plan (every parameter assigned to it)."""
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     from muon_offload.torch import InProcessMuon, OffloadMuon
-    kw = dict(lr=0.03, weight_decay=0.05, adamw_lr=2e-3)
-    try:
+    with gloo_rank(rank, world, init):
         for variant in ("inprocess", "server_reduce", "shard", "single"):
             model = GatedNet()
             if variant == "inprocess":
-                opt = InProcessMuon(model.named_parameters(), **kw)
+                opt = InProcessMuon(model.named_parameters(), **KW)
             elif variant == "single":
                 names = ("conv.weight", "fc1.weight", "fc2.weight", "experts", "gate.weight")
                 opt = OffloadMuon(model.named_parameters(), servers=[single], mode="shard",
-                                  prefix="single/", assign={"single/" + n: 0 for n in names}, **kw)
+                                  prefix="single/", assign={"single/" + n: 0 for n in names}, **KW)
             else:
                 opt = OffloadMuon(model.named_parameters(), servers=list(sockets), mode=variant,
-                                  prefix=variant + "/", **kw)
+                                  prefix=variant + "/", **KW)
             losses = train(model, opt, 3, rank=rank)
             # A checkpoint round trip: rank 0 loads every momentum through its domain's server.
             sd = opt.state_dict()
             opt.load_state_dict(sd)
             losses += train(model, opt, 2, start=3, rank=rank)
             finish(outdir, variant, rank, model, opt, losses, sd)
-    finally:
-        dist.destroy_process_group()
 
 
 def run_ddp(rank: int, world: int, init: str, socket: str, outdir: str):
@@ -141,12 +137,9 @@ def run_ddp(rank: int, world: int, init: str, socket: str, outdir: str):
     and under DistributedDataParallel (default buckets, and one bucket per parameter), with and
     without gradient accumulation (no_commit bare, no_sync under DDP). Counts the bytes every
     torch.distributed.all_reduce of the DDP runs moved."""
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     from torch.nn.parallel import DistributedDataParallel as DDP
     from muon_offload import OffloadMuon
     from helpers import batch
-    kw = dict(lr=0.03, weight_decay=0.05, adamw_lr=2e-3)
     reduced = []
     plain_all_reduce = dist.all_reduce
 
@@ -154,7 +147,7 @@ def run_ddp(rank: int, world: int, init: str, socket: str, outdir: str):
         reduced.append(tensor.numel() * tensor.element_size())
         return plain_all_reduce(tensor, *args, **kwargs)
 
-    try:
+    with gloo_rank(rank, world, init):
         for variant in ("bare", "ddp", "ddp_small_buckets", "bare_acc", "ddp_acc"):
             model = TinyNet()
             micro = 2 if variant.endswith("acc") else 1
@@ -162,11 +155,11 @@ def run_ddp(rank: int, world: int, init: str, socket: str, outdir: str):
                 cap = 1e-6 if variant == "ddp_small_buckets" else 25
                 wrapped = DDP(model, bucket_cap_mb=cap)
                 opt = OffloadMuon(model.named_parameters(), servers=[socket], ddp=wrapped,
-                                  prefix=variant + "/", **kw)
+                                  prefix=variant + "/", **KW)
             else:
                 wrapped = model
                 opt = OffloadMuon(model.named_parameters(), servers=[socket],
-                                  prefix=variant + "/", **kw)
+                                  prefix=variant + "/", **KW)
             reduced.clear()
             dist.all_reduce = counting_all_reduce
             losses = []
@@ -204,8 +197,6 @@ def run_ddp(rank: int, world: int, init: str, socket: str, outdir: str):
                        os.path.join(outdir, f"{variant}_{rank}.pt"))
             opt.close()
             dist.barrier()
-    finally:
-        dist.destroy_process_group()
 
 
 class _Null:
