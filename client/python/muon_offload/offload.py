@@ -671,13 +671,20 @@ class OffloadMuon(MuonOptimizerBase):
         server: a step this rank committed that the server failed meanwhile (the step timeout
         of a rank that stalled before its step(), which never joins the collective) raises the
         server's error here, as it would in the update waits that follow."""
+        # The collective takes microseconds when every rank is here: sleep little at first (a
+        # step pays it), back off to 1 ms, and ask the server only every 10 ms (one call per
+        # committed parameter).
+        nap, look = 1e-5, time.monotonic() + 0.01
         while not work.is_completed():
-            for p in list(self._committed):
-                m = self._meta[p]
-                if m.wanted and self._client.update_state(m.name, self._pushed[p]) == "failed":
-                    self._client.wait_update(m.name, self._pushed[p], torch.empty(
-                        m.wanted_numel, dtype=_TORCH_DTYPE[self._update_dtype]))  # raises it
-            time.sleep(0.001)
+            if time.monotonic() >= look:
+                for p in list(self._committed):
+                    m = self._meta[p]
+                    if m.wanted and self._client.update_state(m.name, self._pushed[p]) == "failed":
+                        self._client.wait_update(m.name, self._pushed[p], torch.empty(
+                            m.wanted_numel, dtype=_TORCH_DTYPE[self._update_dtype]))  # raises it
+                look = time.monotonic() + 0.01
+            time.sleep(nap)
+            nap = min(2 * nap, 1e-3)
         work.wait()
 
     def _wait_update(self, p: torch.Tensor, step: int, buf: torch.Tensor) -> None:
