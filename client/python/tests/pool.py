@@ -59,13 +59,15 @@ def train_until_replicated(m, opt, step, socket, names, timeout=30.0):
 
 class Killer(threading.Thread):
     """SIGKILLs ``servers[target]`` once per arming, after a random delay in [0, max_delay) s
-    (seeded; the moment of the step it lands in is the machine's). ``killed_at``: when the last
-    kill landed, set before disarming (the trainer re-arms once it is None again); left None
-    when the server was already gone."""
+    (in [0, first_max_delay) for the first kill, to land one in the first step; seeded; the
+    moment of the step it lands in is the machine's). ``killed_at``: when the last kill
+    landed, set before disarming (the trainer re-arms once it is None again); left None when
+    the server was already gone."""
 
-    def __init__(self, servers, seed, max_delay=0.25):
+    def __init__(self, servers, seed, max_delay=0.25, first_max_delay=None):
         super().__init__(daemon=True)
         self.servers, self.rng, self.max_delay = servers, random.Random(seed), max_delay
+        self.first_max_delay = max_delay if first_max_delay is None else first_max_delay
         self.armed, self.stop = threading.Event(), threading.Event()
         self.target, self.kills, self.killed_at = 0, 0, None
 
@@ -73,7 +75,8 @@ class Killer(threading.Thread):
         while not self.stop.is_set():
             if not self.armed.wait(0.05):
                 continue
-            time.sleep(self.rng.uniform(0.0, self.max_delay))
+            time.sleep(self.rng.uniform(
+                0.0, self.max_delay if self.kills else self.first_max_delay))
             if self.stop.is_set() or not self.armed.is_set():
                 continue
             self.killed_at = time.monotonic()
