@@ -16,8 +16,8 @@ from .config import MuonConfig
 __all__ = ["InProcessMuon"]
 
 # OffloadMuon's arguments that InProcessMuon accepts and ignores, so the classes swap freely.
-_OFFLOAD_ONLY = {"servers", "assign", "grad_dtype", "update_dtype", "connect_timeout_s",
-                 "timeout_s", "resume_from_server", "data_plane"}
+_OFFLOAD_ONLY = {"overlap", "servers", "assign", "grad_dtype", "update_dtype",
+                 "connect_timeout_s", "timeout_s", "resume_from_server", "data_plane"}
 
 
 class InProcessMuon(MuonOptimizerBase):

@@ -31,6 +31,10 @@ class Muon(OffloadMuon):
     fields of MuonConfig and OffloadMuon's connection keywords (``servers``, ``timeout_s``,
     ``prefix``, ``resume_from_server``, ...).
 
+    Gradients go to the server during backward (``overlap=True``): to clip them, unscale them
+    with a GradScaler or skip a step() after backward, as with torch, pass ``overlap=False``
+    (they then stay in ``.grad`` until step() pushes them).
+
     ``state_dict()``: ``state[i]["momentum_buffer"]`` (fp32, the parameter's shape, fetched from
     the server) and ``state[i]["step"]``, ``param_groups`` with torch's keys; a torch.optim.Muon
     checkpoint loads into it (its momentum goes to the server) and its checkpoint loads into

@@ -158,6 +158,14 @@ class OffloadMuon(MuonOptimizerBase):
             device rings over CUDA IPC: same node, servers on the CUDA backend); default:
             environment ``MUON_OFFLOAD_DATA_PLANE``, else ``"shm"``. With ``cuda_ipc`` the rings
             are opened on the device of the first CUDA Muon parameter.
+        overlap: True (default): each Muon gradient goes to the server as backward produces it,
+            and is committed, so the server runs Newton-Schulz while backward goes on; ``.grad``
+            of Muon parameters is gone after backward (see "Overlap"). False: gradients stay in
+            ``.grad`` until step() pushes them, as clipping (``clip_grad_norm_``), a
+            ``GradScaler`` (``unscale_``, and the steps it skips), edits, or a step() skipped
+            after backward left them: torch.optim.Muon's semantics, without the overlap (under
+            DDP, DDP then all-reduces the Muon gradients too). ``.grad`` stays after step(), as
+            with torch; ``zero_grad()`` clears it.
 
     Devices: CUDA parameters keep their gradients and updates on the device when the client
     library has CUDA (``muon_offload.has_cuda()``): gradients are pushed from device memory on
@@ -189,8 +197,9 @@ class OffloadMuon(MuonOptimizerBase):
     as soon as autograd has accumulated it and commits it (under DDP: the communication hook,
     as each bucket is ready), so the server runs Newton-Schulz while backward goes on. The
     pushed gradient is consumed: ``p.grad`` of Muon parameters is None after backward (after
-    step() under DDP). step() starts the AdamW gradients' all-reduce in the background, waits
-    for the Muon updates and applies them, then finishes AdamW: a rank lost or stalled before
+    step() under DDP); ``overlap=False`` keeps them for clipping and skipped steps. step()
+    starts the AdamW gradients' all-reduce in the background, waits for the Muon updates and
+    applies them, then finishes AdamW: a rank lost or stalled before
     its pushes surfaces as the server's PeerLost or Timeout naming it, never as a collective's
     error or a silent wait in it (docs/design.md, "Step order").
     A Muon parameter that got no gradient is skipped (weights and momentum untouched), like
@@ -247,7 +256,7 @@ class OffloadMuon(MuonOptimizerBase):
                  connect_timeout_s: float = 10.0, timeout_s: float = 120.0,
                  resume_from_server=False, data_plane: Optional[str] = None,
                  job: Optional[str] = None, replica_mesh_dims: Sequence[str] = (),
-                 **muon_keywords):
+                 overlap: bool = True, **muon_keywords):
         config = muon_config(config, muon_args, muon_keywords, type(self).__name__)
         if resume_from_server not in (False, True, "per_parameter"):
             raise InvalidArgument(f"resume_from_server must be False, True or 'per_parameter', "
@@ -265,6 +274,7 @@ class OffloadMuon(MuonOptimizerBase):
         self.servers = list(servers)
         self._grad_dtype, self._update_dtype = grad_dtype, update_dtype
         self._replica_dims = tuple(replica_mesh_dims)
+        self.overlap = bool(overlap)
         self._client: Optional[Client] = None
         self._pushed: Dict[torch.Tensor, int] = {}  # param -> step being gathered
         self._committed: Dict[torch.Tensor, bool] = {}  # ordered, identity-keyed
@@ -357,7 +367,7 @@ class OffloadMuon(MuonOptimizerBase):
             elif self.mode == "shard" and self.world_size > 1:
                 m.held = row_shard(m.shape, self.rank, self.world_size)
             self._register_on_server(p)
-            if p.requires_grad:
+            if p.requires_grad and self.overlap:
                 self._install_hook(p)
 
     def _register_on_server(self, p: torch.Tensor) -> None:
@@ -392,12 +402,16 @@ class OffloadMuon(MuonOptimizerBase):
         :func:`muon_offload.ddp.muon_comm_hook`, so DDP's buckets hand their Muon gradients to
         the server (pushed and committed as each bucket is ready) and all-reduce only the AdamW
         gradients, overlapped with backward as DDP does. ``ddp_hook_state`` then counts the
-        bytes of each (``allreduced_bytes``, ``pushed_bytes``). Call before the first backward;
-        InvalidArgument for mode ``shard`` or a module that is not DDP."""
+        bytes of each (``allreduced_bytes``, ``pushed_bytes``). With ``overlap=False`` no hook:
+        DDP averages every gradient as usual and step() pushes the Muon means (rank 0 the mean,
+        the others zeros). Call before the first backward; InvalidArgument for mode ``shard`` or
+        a module that is not DDP."""
         if self.mode != "server_reduce":
             raise InvalidArgument("attach_ddp(): DDP needs mode 'server_reduce' (the server "
                                   "reduces the Muon gradients)")
         super().attach_ddp(ddp_model)
+        if not self.overlap:
+            return  # DDP averages every gradient itself; step() pushes the Muon means
         from .ddp import MuonCommHookState, muon_comm_hook
         self.ddp_hook_state = MuonCommHookState(self, ddp_model.process_group)
         ddp_model.register_comm_hook(self.ddp_hook_state, muon_comm_hook)
@@ -511,7 +525,9 @@ class OffloadMuon(MuonOptimizerBase):
     def _server_step(self, p) -> int:
         return int(self.state[p].get("step", 0))
 
-    def _push(self, p: torch.Tensor, grad: Optional[torch.Tensor]) -> None:
+    def _push(self, p: torch.Tensor, grad: Optional[torch.Tensor], averaged: bool = False) -> None:
+        """Pushes ``grad`` (None: zeros) of Muon parameter ``p`` for its next step. ``averaged``:
+        ``grad`` is already the ranks' mean (DDP's, with ``overlap=False``)."""
         if not self._pushed:  # the step's first push: nothing of it reached the server yet
             self._check_fixed_keys()
         m = self._meta[p]
@@ -523,7 +539,12 @@ class OffloadMuon(MuonOptimizerBase):
             g = torch.zeros(m.shape, dtype=torch.float32, device=self._io_device(p))
         else:
             g = grad.detach().reshape(m.shape)
-            if self.world_size > 1:
+            if self.world_size > 1 and averaged:
+                # Every rank holds the mean: rank 0 pushes it and the others zeros, so that the
+                # server's sum is exactly the mean (w copies of mean/w need not add up to it).
+                if self.rank != 0:
+                    g = torch.zeros_like(g)
+            elif self.world_size > 1:
                 g = g.to(torch.float32) / self.world_size
                 if self.mode == "shard":
                     self._check_peers()
@@ -712,7 +733,8 @@ class OffloadMuon(MuonOptimizerBase):
                 f"{self._pushed.get(p)} was committed: for gradient accumulation wrap all "
                 "but the last micro-batch in `with optimizer.no_commit():` (under DDP: "
                 "`with model.no_sync():`), or call step() between backward passes (a backward "
-                "whose step() is skipped was already applied by the server)")
+                "whose step() is skipped was already applied by the server: to skip steps, or to "
+                "clip or unscale gradients before step(), pass overlap=False)")
 
     def _take_grad(self, p: torch.Tensor, grad: torch.Tensor) -> None:
         """Pushes ``grad`` for Muon parameter ``p`` and commits it (unless in no_commit)."""
@@ -779,8 +801,11 @@ class OffloadMuon(MuonOptimizerBase):
                                  self._adamw_params(), self._pushed)
             for _, p in self._muon_items():
                 if p not in self._pushed and p.grad is not None:
-                    self._push(p, p.grad)  # gradients set without backward hooks
-                    p.grad = None
+                    # overlap=False, or a gradient set without backward: pushed from .grad as
+                    # clipping, unscaling or edits left it (under DDP: DDP's mean).
+                    self._push(p, p.grad, averaged=self._ddp is not None and not self.overlap)
+                    if self.overlap:
+                        p.grad = None
                 if p in self._pushed and p not in self._committed:
                     self._commit(p)
             # The server's verdict before any collective of ours: a rank it reported lost
@@ -794,7 +819,8 @@ class OffloadMuon(MuonOptimizerBase):
             group_of = {p: g for g, p in self._muon_items()}
             for p in list(self._committed):
                 m, g = self._meta[p], group_of[p]
-                p.grad = None  # under DDP: the local gradient DDP copied back; consumed
+                if self.overlap:
+                    p.grad = None  # under DDP: the local gradient DDP copied back; consumed
                 step = self._pushed[p]
                 if not m.wanted:  # a rank that holds none of this sharded parameter
                     self.state[p]["step"] = step + 1

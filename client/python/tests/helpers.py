@@ -39,10 +39,12 @@ def batch(step: int, rank: int = 0, n: int = 4, t: int = 6):
     return x, (x * 3 + 1) % VOCAB
 
 
-def train(model, opt, steps, start=0, rank=0, sched=None, micro=1, forward=None, before=None):
+def train(model, opt, steps, start=0, rank=0, sched=None, micro=1, forward=None, before=None,
+          between=None):
     """`steps` optimizer steps from step `start`; `micro` micro-batches per step (gradient
     accumulation through no_commit). `forward` runs the model (default: `model`, e.g. its DDP
-    wrapper instead); `before(step)` runs before each step's first forward. Returns the losses."""
+    wrapper instead); `before(step)` runs before each step's first forward, `between(step)`
+    between its last backward and step() (clipping). Returns the losses."""
     forward = forward or model
     losses = []
     for s in range(start, start + steps):
@@ -57,6 +59,8 @@ def train(model, opt, steps, start=0, rank=0, sched=None, micro=1, forward=None,
                 loss = forward(x, y) / micro
                 loss.backward()
             losses.append(loss.item())
+        if between is not None:
+            between(s)
         opt.step()
         if sched is not None:
             sched.step()

@@ -169,6 +169,50 @@ def run_fsdp(rank: int, world: int, init: str, socket: str, outdir: str, steps: 
         dist.destroy_process_group()
 
 
+def run_fsdp_clipped(rank: int, world: int, init: str, socket: str, outdir: str,
+                     steps: int = 3):
+    """One rank of test_grad_edits.py's FSDP case: ShardNet under fully_shard with
+    OffloadMuon(overlap=False), clip_grad_norm_ over every (DTensor) gradient between backward
+    and step(); the reference is InProcessMuon under DDP, which clips the same mean gradient
+    whole. Saves the full parameters and the norms of both."""
+    _init(rank, world, init)
+    from torch.distributed.fsdp import fully_shard
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from muon_offload import InProcessMuon, OffloadMuon
+    kw = dict(lr=0.03, weight_decay=0.05, adamw_lr=2e-3, overlap=False)
+    try:
+        res = {}
+        for variant in ("ddp", "fsdp"):
+            model = ShardNet()
+            if variant == "fsdp":
+                fully_shard(model.fc1)
+                fully_shard(model.fc2)
+                fully_shard(model)
+                forward = model
+                opt = OffloadMuon(model.named_parameters(), servers=[socket],
+                                  prefix="fsdp_clipped/", **kw)
+            else:
+                forward = DDP(model)
+                opt = InProcessMuon(model.named_parameters(), ddp=forward, **kw)
+            norms = []
+            for s in range(steps):
+                opt.zero_grad(set_to_none=True)
+                forward(*shard_batch(s, rank)).backward()
+                total = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.2)
+                norms.append(float(total.full_tensor() if hasattr(total, "full_tensor")
+                                   else total))
+                opt.step()
+            res[variant] = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p)
+                            .detach().clone() for n, p in model.named_parameters()}
+            res[variant + "_norms"] = norms
+            if hasattr(opt, "close"):
+                opt.close()
+        torch.save(res, os.path.join(outdir, f"fsdp_clipped_{rank}.pt"))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
 class TPNet(nn.Module):
     """embed / head (AdamW, plain tensors under TP), w1 8 -> 12 (ColwiseParallel: Shard(0)),
     w2 12 -> 8 (RowwiseParallel: Shard(1)), both Muon."""
