@@ -14,7 +14,8 @@ import torch
 from ._native import InvalidArgument
 from .config import MuonConfig
 
-__all__ = ["default_route", "matrix_shape", "names_from", "Router", "ADAMW_GROUP_KEYS"]
+__all__ = ["default_route", "embedding_params", "matrix_shape", "names_from", "Router",
+           "ADAMW_GROUP_KEYS"]
 
 # A user group's AdamW keys -> torch.optim.AdamW's.
 ADAMW_GROUP_KEYS = {"adamw_lr": "lr", "adamw_betas": "betas", "adamw_eps": "eps",
@@ -84,6 +85,21 @@ def names_from(names) -> Dict[int, str]:
     return out
 
 
+def embedding_params(names) -> set:
+    """``id(tensor)`` of every parameter an ``nn.Embedding`` or ``nn.EmbeddingBag`` of module
+    ``names`` holds (a DDP wrapper's inner module); empty for anything but a module. These go to
+    AdamW whatever their name says (``"0.weight"`` inside an ``nn.Sequential``), a weight-tied
+    output head with them."""
+    if not isinstance(names, torch.nn.Module):
+        return set()
+    inner = getattr(names, "module", None)
+    if isinstance(inner, torch.nn.Module) and _is_ddp(names):
+        names = inner
+    kinds = (torch.nn.Embedding, torch.nn.EmbeddingBag)
+    return {id(p) for m in names.modules() if isinstance(m, kinds)
+            for p in m.parameters(recurse=False)}
+
+
 def _is_ddp(module) -> bool:
     from torch.nn.parallel import DistributedDataParallel
     return isinstance(module, DistributedDataParallel)
@@ -95,6 +111,8 @@ class Router:
 
     Args:
         names: see :func:`names_from`; tensors given without a name are called ``param.<i>``.
+            A module also routes its embeddings' parameters to AdamW by module type
+            (:func:`embedding_params`), before ``route``'s default.
         route: ``callable(name, tensor) -> "muon" | "muon_flat" | "adamw" | None``;
             ``"muon_flat"`` flattens a 3-D tensor (Conv1d) instead of taking it as an expert
             stack.
@@ -104,6 +122,7 @@ class Router:
 
     def __init__(self, names, route: Optional[Callable], adamw_defaults: Mapping):
         self._names = names_from(names)
+        self._embeddings = embedding_params(names)
         self._route = route
         self._adamw_defaults = dict(adamw_defaults)
         self._unnamed = 0
@@ -148,7 +167,8 @@ class Router:
             if forced is not None:
                 kind = "muon" if forced else "adamw"
             else:
-                kind = (self._route(name, p) if self._route else None) or default_route(name, p)
+                kind = ((self._route(name, p) if self._route else None) or
+                        ("adamw" if id(p) in self._embeddings else default_route(name, p)))
             if kind not in ROUTES:
                 raise InvalidArgument(f"route returned {kind!r} for '{name}': expected 'muon', "
                                       "'muon_flat' or 'adamw'")

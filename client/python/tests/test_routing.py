@@ -96,6 +96,24 @@ def test_names_mapping_route_override_and_groups():
     assert (True, 0.05) in lrs and (False, 1e-3) in lrs
 
 
+def test_a_module_routes_its_embeddings_to_adamw_by_type_whatever_their_names():
+    # Inside nn.Sequential an embedding is "0.weight", a tied head shares its tensor: the name
+    # rule cannot see either; names=model (or ddp=) gives the module types.
+    emb = nn.Embedding(50, 8)
+    head = nn.Linear(8, 50, bias=False)
+    head.weight = emb.weight  # weight tying
+    model = nn.Sequential(emb, nn.Linear(8, 8), nn.EmbeddingBag(30, 8), head)
+    opt = InProcessMuon(model.parameters(), names=model)
+    assert opt.routing == {"0.weight": ("adamw", None), "1.weight": ("muon", (8, 8)),
+                           "1.bias": ("adamw", None), "2.weight": ("adamw", None)}
+    # named_parameters() alone carries no module type: the 2-D rule applies
+    assert InProcessMuon(model.named_parameters()).routing["0.weight"] == ("muon", (50, 8))
+    # an explicit route still decides first
+    opt = InProcessMuon(model.parameters(), names=model,
+                        route=lambda n, p: "muon" if p.ndim >= 2 else "adamw")
+    assert opt.routing["0.weight"] == ("muon", (50, 8))
+
+
 def test_conv1d_flattened_on_request_and_unnamed_warning():
     conv1d = nn.Conv1d(4, 5, 3)
     opt = InProcessMuon([("conv1d.weight", conv1d.weight), ("conv1d.bias", conv1d.bias)],
