@@ -112,9 +112,14 @@ void Engine::on_hello(const SessionPtr& s, const Frame& f) {
         " (a job of another size is taken once every rank of this one has left)");
   }
   if (auto other = session_of(m.rank)) {
-    throw transport::ProtocolError("rank " + std::to_string(m.rank) +
-                                   " is already connected (session " + std::to_string(other->id()) +
-                                   ")");
+    // Sessions are keyed by rank: a second optimizer of one trainer process (or a second job)
+    // arrives as the same rank. Say so, with both clients' own words (their pids).
+    throw transport::ProtocolError(
+        "rank " + std::to_string(m.rank) + " is already connected (session " +
+        std::to_string(other->id()) + ", '" + other->client_name + "'; this hello: '" + m.client +
+        "'): a server serves one connection per rank, so one optimizer per trainer process and "
+        "one job at a time. Put the second optimizer's parameters into the first as another "
+        "param group, or give it a server of its own");
   }
   transport::HelloOk ok;
   if (!open_data_plane(s, m, ok, f.request_id)) return;  // refused: the error went out

@@ -136,7 +136,8 @@ class OffloadMuon(MuonOptimizerBase):
         route: ``callable(name, tensor) -> "muon" | "muon_flat" | "adamw" | None`` overriding
             the default route (None: default). ``"muon_flat"`` flattens a 3-D tensor (Conv1d)
             instead of treating it as an expert stack. A group key ``use_muon`` forces a group.
-        prefix: prepended to the names the server sees (to share one server between jobs).
+        prefix: prepended to the names the server sees (jobs that share one server one after
+            the other keep their parameters apart; a server serves one job at a time).
         timeout_s: how long a server request (a registration waiting for every rank, an update)
             may take before :class:`~muon_offload.Timeout`; ``connect_timeout_s`` for the
             connection itself.

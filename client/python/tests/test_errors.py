@@ -1,6 +1,7 @@
 """Error paths: no server, a server that dies or restarts mid-training, refused parameters,
 non-finite gradients."""
 import copy
+import os
 
 import pytest
 import torch
@@ -241,3 +242,17 @@ def test_each_cause_a_real_server_sends_reaches_python_as_its_type(server_factor
     # unsupported: a data plane a CPU server cannot serve, refused in the hello.
     assert raised(lambda: Client([s.socket], data_plane="cuda_ipc")) == (
         ServerError, "unsupported", 3)
+
+
+def test_a_second_optimizer_in_one_process_is_refused_saying_what_to_do(server):
+    # The server keys sessions by rank: a second optimizer of this trainer is rank 0 again.
+    a, b = TinyNet(), TinyNet()
+    first = OffloadMuon(a.named_parameters(), servers=[server.socket], prefix="a/", **KW)
+    with pytest.raises(ServerError) as e:
+        OffloadMuon(b.named_parameters(), servers=[server.socket], prefix="b/", **KW)
+    msg = str(e.value)
+    assert "rank 0 is already connected" in msg and "one optimizer per trainer process" in msg
+    assert msg.count(f"pid {os.getpid()}") == 2, msg  # both clients named: this process twice
+    assert "param group" in msg
+    train(a, first, 1)  # the first goes on
+    first.close()
