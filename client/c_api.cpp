@@ -12,6 +12,7 @@
 #include "client/device_copy.hpp"
 #include "client/muon_client.h"
 #include "core/error_code.hpp"
+#include "daemon/socket_path.hpp"
 #include "kernels/muon_option_fields.hpp"
 
 struct muon_client {
@@ -76,6 +77,12 @@ const char* muon_error_code_name(int code) {
 const char* muon_options_schema(void) {
   static const std::string schema = muon::options_schema_json();
   return schema.c_str();
+}
+
+const char* muon_default_socket_path(void) {
+  thread_local std::string path;
+  path = muon::daemon::default_socket_path();
+  return path.c_str();
 }
 
 int muon_client_create(const char* const* servers, int n_servers, int rank, int world_size,

@@ -51,6 +51,12 @@ const char* muon_error_code_name(int code);
  * flag of `muon-offload orthogonalize` or null), "doc"}. Static storage; never NULL. */
 const char* muon_options_schema(void);
 
+/* The Unix socket a muon-offloadd started without --socket listens on, by the server's own rule
+ * (daemon/socket_path.hpp): $MUON_OFFLOAD_SOCKET, else $XDG_RUNTIME_DIR/muon-offload/
+ * muon-offloadd.sock, else /tmp/muon-offload-<uid>/muon-offloadd.sock, read from this process's
+ * environment now. Thread-local storage, valid until the next call on this thread; never NULL. */
+const char* muon_default_socket_path(void);
+
 /* Connects a compute rank to `n_servers` servers: Unix socket paths, or "tcp://HOST:PORT" for a
  * server's TCP control plane (the token then comes from the file named by the environment
  * variable MUON_OFFLOAD_TOKEN_FILE, or is passed to muon_client_create_auth). */

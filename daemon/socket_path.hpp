@@ -1,4 +1,5 @@
-// Where muon-offloadd listens when no --socket is given; shared by the server and the CLI.
+// Where muon-offloadd listens when no --socket is given; shared by the server, the CLI and the
+// client library (muon_default_socket_path, the Python client's fallback).
 #pragma once
 
 #include <string>

@@ -28,7 +28,7 @@ __all__ = [
     "MuonOffloadError", "InvalidArgument", "ServerError", "ConnectionLost", "PeerLost",
     "NonFiniteGradient", "StepMismatch", "Timeout", "DeviceError", "BackendUnavailable", "lib",
     "check", "library_path", "has_cuda", "reference_lib", "reference_library_path",
-    "check_reference", "cuda_runtime",
+    "check_reference", "cuda_runtime", "default_socket_path",
 ]
 
 from .errors import (MUON_ERR_UNAVAILABLE, BackendUnavailable, ConnectionLost, DeviceError,
@@ -79,6 +79,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "muon_last_error_step": (i64, []),
         "muon_last_error_rank": (i, []),
         "muon_error_code_name": (cp, [i]),
+        "muon_default_socket_path": (cp, []),
         "muon_client_create": (i, [ctypes.POINTER(cp), i, i, i, cp, i64, i64,
                                    ctypes.POINTER(ctypes.c_void_p)]),
         "muon_client_create_ex": (i, [ctypes.POINTER(cp), i, i, i, cp, i64, i64, cp,
@@ -203,6 +204,13 @@ def cuda_runtime() -> str:
     if not origin:
         raise BackendUnavailable(last_error(), MUON_ERR_UNAVAILABLE)
     return origin
+
+
+def default_socket_path() -> str:
+    """The Unix socket a muon-offloadd started without ``--socket`` listens on, by the server's
+    own rule (``$MUON_OFFLOAD_SOCKET``, else ``$XDG_RUNTIME_DIR/muon-offload/muon-offloadd.sock``,
+    else ``/tmp/muon-offload-<uid>/muon-offloadd.sock``), from this process's environment."""
+    return lib().muon_default_socket_path().decode()
 
 
 def has_cuda() -> bool:

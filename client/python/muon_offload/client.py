@@ -34,8 +34,9 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import stat
 import threading
-from typing import Iterable, Mapping, Optional, Sequence, Tuple
+from typing import Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from . import _native
 from ._native import check, int64_array
@@ -45,6 +46,26 @@ Range = Tuple[int, int]
 _DTYPE_BYTES = {"f32": 4, "fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2}
 
 DATA_PLANES = ("shm", "cuda_ipc", "nccl")
+
+
+def servers_from(value) -> List[str]:
+    """The servers to connect to: ``value`` (a list, or a comma-separated string), else
+    ``$MUON_OFFLOAD_SERVERS`` (scripts/muon-offload-launch sets it), else the default socket of
+    a muon-offloadd started without ``--socket`` (:func:`_native.default_socket_path`) when a
+    socket is there. InvalidArgument naming all three when none gives a server."""
+    if value is None:
+        value = os.environ.get("MUON_OFFLOAD_SERVERS", "")
+        if not value:
+            default = _native.default_socket_path()
+            if stat.S_ISSOCK(os.stat(default).st_mode if os.path.exists(default) else 0):
+                return [default]
+            raise _native.InvalidArgument(
+                "no server given: pass servers=[socket, ...], set MUON_OFFLOAD_SERVERS "
+                "(scripts/muon-offload-launch starts servers and sets it), or start muon-offloadd "
+                f"without --socket (it then listens on {default}, where no socket is now)")
+    if isinstance(value, str):
+        value = [s for s in value.split(",") if s]
+    return list(value)
 
 
 def data_plane_from(value: Optional[str]) -> str:

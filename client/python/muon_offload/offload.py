@@ -30,7 +30,7 @@ import torch.distributed as dist
 from . import _native
 from . import plan as plan_reader
 from .base import MuonOptimizerBase, base_keywords, muon_config
-from .client import Client
+from .client import Client, servers_from
 from .config import MuonConfig
 from ._native import ConnectionLost, InvalidArgument, MuonOffloadError, NonFiniteGradient
 from .errors import MUON_ERR_CONNECTION, MUON_ERR_PEER_LOST, PeerLost, ServerError
@@ -119,7 +119,8 @@ class OffloadMuon(MuonOptimizerBase):
             ``weight_decay``); a group may set ``adamw_lr`` etc. for its own AdamW part.
         servers: the job's servers: Unix socket paths or ``tcp://HOST:PORT`` (list or
             comma-separated string); default: environment ``MUON_OFFLOAD_SERVERS`` (set by
-            scripts/muon-offload-launch). Parameters are spread over the servers by Newton-Schulz
+            scripts/muon-offload-launch), else the socket of a muon-offloadd started without
+            ``--socket`` when one is there. Parameters are spread over the servers by Newton-Schulz
             cost (``assign`` overrides: ``{name: server index}``); with a plan
             (``MUON_OFFLOAD_PLAN``, set by the launcher's ``--plan``) each parameter it names
             goes to the server the plan gives this rank's domain: its relay
@@ -262,14 +263,10 @@ class OffloadMuon(MuonOptimizerBase):
         if resume_from_server not in (False, True, "per_parameter"):
             raise InvalidArgument(f"resume_from_server must be False, True or 'per_parameter', "
                                   f"got {resume_from_server!r}")
-        if servers is None:
-            servers = os.environ.get("MUON_OFFLOAD_SERVERS", "")
-            if not servers:
-                raise InvalidArgument(
-                    "OffloadMuon: no server given: pass servers=[socket, ...] or set "
-                    "MUON_OFFLOAD_SERVERS (scripts/muon-offload-launch starts servers and sets it)")
-        if isinstance(servers, str):
-            servers = [s for s in servers.split(",") if s]
+        try:
+            servers = servers_from(servers)
+        except InvalidArgument as e:
+            raise e.with_message(f"OffloadMuon: {e}") from None
         if grad_dtype not in _TORCH_DTYPE or update_dtype not in _TORCH_DTYPE:
             raise InvalidArgument("grad_dtype and update_dtype must be 'f32' or 'bf16'")
         self.servers = list(servers)

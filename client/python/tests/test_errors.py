@@ -2,11 +2,13 @@
 non-finite gradients."""
 import copy
 import os
+import subprocess
 
 import pytest
 import torch
 import torch.nn as nn
 
+from conftest import find_binary
 from helpers import TinyNet, batch, param_diff, same_params, train
 from muon_offload import (ConnectionLost, InvalidArgument, MuonOffloadError, NonFiniteGradient,
                           PeerLost, ServerError, StepMismatch, Timeout, errors)
@@ -55,10 +57,43 @@ def test_every_cause_of_the_library_has_its_exception_type():
     assert errors.error_class(errors.MUON_ERR_SERVER, "from_a_newer_server") is ServerError
 
 
-def test_no_server_configured(monkeypatch):
+def test_no_server_configured(monkeypatch, tmpdir_private):
     monkeypatch.delenv("MUON_OFFLOAD_SERVERS", raising=False)
-    with pytest.raises(InvalidArgument, match="MUON_OFFLOAD_SERVERS"):
+    monkeypatch.delenv("MUON_OFFLOAD_SOCKET", raising=False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmpdir_private))  # no server's default socket
+    with pytest.raises(InvalidArgument, match="MUON_OFFLOAD_SERVERS") as e:
         OffloadMuon(TinyNet().named_parameters())
+    assert str(tmpdir_private / "muon-offload" / "muon-offloadd.sock") in str(e.value)
+
+
+@pytest.mark.parametrize("rule", ["MUON_OFFLOAD_SOCKET", "XDG_RUNTIME_DIR"])
+def test_no_server_given_finds_a_server_at_its_default_socket(rule, monkeypatch,
+                                                              tmpdir_private):
+    # `muon-offloadd` with no --socket and an optimizer with no servers= meet at the server's
+    # default socket: the same rule on both sides (daemon/socket_path.hpp).
+    monkeypatch.delenv("MUON_OFFLOAD_SERVERS", raising=False)
+    monkeypatch.delenv("MUON_OFFLOAD_SOCKET", raising=False)
+    if rule == "MUON_OFFLOAD_SOCKET":
+        sock = tmpdir_private / "here.sock"
+        monkeypatch.setenv("MUON_OFFLOAD_SOCKET", str(sock))
+    else:
+        sock = tmpdir_private / "muon-offload" / "muon-offloadd.sock"
+        monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmpdir_private))
+    daemon = subprocess.Popen([find_binary("muon-offloadd", "daemon"), "--threads", "1",
+                               "--log-level", "warn"], env=dict(os.environ))
+    try:
+        health = subprocess.run([find_binary("muon-offload", "cli"), "health", "--socket",
+                                 str(sock), "--timeout-ms", "20000"], capture_output=True)
+        assert health.returncode == 0, health.stderr
+        m = TinyNet()
+        opt = OffloadMuon(m.named_parameters(), **KW)
+        assert opt.servers == [str(sock)]
+        train(m, opt, 2)
+        assert same_params(m, reference(2))
+        opt.close()
+    finally:
+        daemon.terminate()
+        daemon.wait(20)
 
 
 def test_servers_from_the_environment(server, monkeypatch):
