@@ -121,6 +121,7 @@ Engine::Engine(asio::io_context& io, ServerConfig config, std::unique_ptr<Backen
                   config_.plan_path, planned.size());
     }
   }
+  schedule_forgetting();
 }
 
 Engine::~Engine() {
@@ -267,6 +268,7 @@ void Engine::maybe_finish_shutdown() {
   for (auto& [id, h] : held_fetches_) {
     if (h.timer) h.timer->cancel();
   }
+  forget_timer_.cancel();
   // The pool's links go too, saying goodbye (nothing is owed once nothing computes: the peers
   // must not take this server for lost); each closes once its goodbye is written.
   if (replicator_) replicator_->leave();

@@ -7,6 +7,7 @@
 //   ingress/dispatch.cpp   on_frame and the mapping of exceptions to error codes
 //   ingress/hello.cpp      hello: token, world size, the session's data plane (planes/)
 //   registry/registry.cpp  registration and re-registration
+//   registry/forget.cpp    forgetting the parameters of jobs long gone
 //   ingress/push.cpp       push and commit frames into the step's reducer
 //   step/engine_steps.cpp  per-parameter phases (step/param_state.hpp), timers, lost ranks,
 //                          the results coming back
@@ -261,6 +262,13 @@ class Engine {
   /// warning, when the steps are mixed and this server wrote a snapshot of one step there.
   void write_final_snapshot();
   void maybe_finish_shutdown();
+  // ---- forgetting finished jobs (registry/forget.cpp) ---------------------------------------------
+  /// With --forget-finished-jobs-after: arms forget_timer_ for the next sweep.
+  void schedule_forgetting();
+  /// One sweep: the owned parameters, idle, of a job none of whose sessions (compute ranks, or
+  /// a relay that registered for it) has been connected for config_.forget_after are erased
+  /// (logged, counted); the memory goes back to the system. Returns how many.
+  size_t forget_finished_jobs(std::chrono::steady_clock::time_point now);
 
   boost::asio::io_context& io_;
   ServerConfig config_;
@@ -317,6 +325,9 @@ class Engine {
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
   std::function<void()> shutdown_done_;
   std::string shutdown_why_;  // "server shutting down (signal SIGTERM)": what the ranks are told
+  boost::asio::steady_timer forget_timer_{io_};
+  /// Jobs whose parameters are held here but none of whose sessions is connected: since when.
+  std::map<std::string, std::chrono::steady_clock::time_point> job_left_;
   std::optional<PoolRoutes> routes_;  // the plan's routes (config_.plan_path)
   std::unique_ptr<Relay> relay_;      // toward the owners of relayed parameters
   /// Replicas of the parameters whose owner's buddy this server is (or whose takeover owner

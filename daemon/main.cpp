@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "cli/number_checks.hpp"
 #include "core/error.hpp"
 #include "daemon/server.hpp"
 
@@ -129,7 +130,17 @@ int main(int argc, char** argv) {
         return "must be 'auto' or a number >= 0, got '" + v + "'";
       })
       ->capture_default_str();
+  double forget_after_s = 0;
+  app.add_option("--forget-finished-jobs-after", forget_after_s,
+                 "Seconds after which the parameters (momentum, last step) of a job none of whose "
+                 "ranks is connected any more are forgotten, their memory freed; until then a "
+                 "restarted job may resume them (0: keep them until a job registers the same "
+                 "names)")
+      ->check(cli::finite_range(0, 1e9))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  config.forget_after =
+      std::chrono::milliseconds(static_cast<int64_t>(std::llround(forget_after_s * 1000.0)));
   if (health_threshold != "auto") config.health_warn_threshold = std::stod(health_threshold);
   config.step_timeout = std::chrono::milliseconds(step_timeout_ms);
   config.layout.slot_bytes = slot_kib * 1024;

@@ -121,6 +121,13 @@ Metrics::Metrics(const std::string& version, const std::string& backend, int ser
                           .Labels(server_)
                           .Register(*registry_)
                           .Add({})),
+      forgotten_(BuildCounter()
+                     .Name("muon_offload_parameters_forgotten_total")
+                     .Help("Parameters of finished jobs forgotten, their momentum freed "
+                           "(--forget-finished-jobs-after)")
+                     .Labels(server_)
+                     .Register(*registry_)
+                     .Add({})),
       errors_(BuildCounter()
                   .Name("muon_offload_errors_total")
                   .Help("Errors sent to clients, by code (bad_request, timeout, peer_lost, "
@@ -298,6 +305,8 @@ void Metrics::step_report(const transport::StepReport& report, int rank) {
   it->second->Set(wait);
   reported_bytes_.Increment(static_cast<double>(report.bytes_pushed));
 }
+
+void Metrics::parameters_forgotten(size_t n) { forgotten_.Increment(static_cast<double>(n)); }
 
 void Metrics::error(ErrorCode code) {
   cached(errors_, errors_by_, "code", std::string(error_code_name(code))).Increment();

@@ -62,6 +62,8 @@ class Metrics {
   void step_report(const transport::StepReport& report, int rank);
   /// An error sent to a client (or to every rank of a parameter, counted once), by code.
   void error(ErrorCode code);
+  /// `n` parameters of finished jobs forgotten (--forget-finished-jobs-after).
+  void parameters_forgotten(size_t n);
   /// A numeric-health sample of parameter `name`.
   void health(const std::string& name, const NumericHealth& h);
 
@@ -94,6 +96,7 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& last_exposed_wait_;
   prometheus::Counter& step_reports_;
   prometheus::Counter& reported_bytes_;
+  prometheus::Counter& forgotten_;
   prometheus::Family<prometheus::Counter>& errors_;
   prometheus::Family<prometheus::Gauge>& health_last_;
   prometheus::Family<prometheus::Gauge>& health_threshold_;

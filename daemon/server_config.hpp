@@ -82,6 +82,10 @@ struct ServerConfig {
   /// Warn when a sampled orthogonality error exceeds this; unset: per sample, the error the
   /// schedule gives that update's own input plus a rounding allowance (daemon/numeric_health.hpp).
   std::optional<double> health_warn_threshold;
+  /// Forget the parameters (momentum, last step) of a job once no session of it has been
+  /// connected for this long: a long-lived server otherwise keeps every finished job's momentum
+  /// until a job registers the same names. 0: keep them (daemon/registry/forget.cpp).
+  std::chrono::milliseconds forget_after{0};
 };
 
 }  // namespace muon::daemon

@@ -218,6 +218,56 @@ TEST(JobLifecycle, ANewJobStartsFreshUnderTheSameNamesAndResumeAdoptsTheState) {
   fs::remove_all(dir);
 }
 
+// The parameters `socket`'s status lists, registered or registering.
+std::vector<std::string> status_names(const std::string& socket) {
+  std::vector<std::string> names;
+  const auto st = nlohmann::json::parse(client::fetch_status(socket, std::chrono::seconds(5)));
+  for (const auto& p : st.at("parameters")) names.push_back(p.at("name"));
+  return names;
+}
+
+TEST(JobLifecycle, AFinishedJobIsForgottenAfterTheDelayNotWhileARankOfItIsConnected) {
+  const auto dir = temp_dir();
+  ServerProcess server(dir, {"--forget-finished-jobs-after", "0.3"});
+  const auto reg = one_param("w", {4, 6});
+  Reference ref(reg);
+  {
+    // Job A's rank stays connected for 5 delays (20 sweeps): nothing of it is forgotten.
+    client::Client a(job_config(server.socket(), 0, 1, "job A"));
+    a.register_parameters({reg});
+    for (int64_t step = 0; step < 2; ++step) {
+      const auto g = gradient(24, step);
+      EXPECT_TRUE(same_bits(run_step(a, "w", step, g), ref.step(g)));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    EXPECT_EQ(status_names(server.socket()), std::vector<std::string>{"w"});
+    int64_t last = -2;
+    EXPECT_TRUE(same_bits(a.fetch_momentum("w", &last), ref.momentum));
+    EXPECT_EQ(last, 1);
+  }
+  // Gone: its 'w' is forgotten within the delay and a sweep (a quarter of it), not at once.
+  EXPECT_EQ(status_names(server.socket()), std::vector<std::string>{"w"});
+  const auto gone = std::chrono::steady_clock::now();
+  while (!status_names(server.socket()).empty()) {
+    ASSERT_LT(std::chrono::steady_clock::now() - gone, std::chrono::seconds(10)) << "never forgot";
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_GE(std::chrono::steady_clock::now() - gone, std::chrono::milliseconds(250));
+  // The same job resuming after that finds nothing: a fresh start.
+  auto again = once_the_last_job_left("is already connected", [&] {
+    return std::make_unique<client::Client>(
+        job_config(server.socket(), 0, 1, "job A", /*resume=*/true));
+  });
+  again->register_parameters({reg});
+  int64_t last = -2;
+  again->fetch_momentum("w", &last);
+  EXPECT_EQ(last, -1);
+  Reference fresh(reg);
+  const auto g = gradient(24, 0);
+  EXPECT_TRUE(same_bits(run_step(*again, "w", 0, g), fresh.step(g)));
+  fs::remove_all(dir);
+}
+
 TEST(JobLifecycle, RanksOfOneRegistrationMustNameTheSameJob) {
   const auto dir = temp_dir();
   ServerProcess server(dir);
