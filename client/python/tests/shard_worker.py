@@ -131,17 +131,13 @@ def run_fsdp(rank: int, world: int, init: str, socket: str, outdir: str, steps: 
     the full parameters of both (gathered by the test, not the optimizer), the per-step byte
     counters and the collectives counted in backward and in step()."""
     _init(rank, world, init)
-    from torch.distributed.fsdp import fully_shard
     from muon_offload import InProcessMuon, OffloadMuon
     kw = dict(lr=0.03, weight_decay=0.05, adamw_lr=2e-3)
     try:
         res = {"stats": [], "backward": [], "step": []}
         for variant in ("inprocess", "fsdp"):
-            model = ShardNet()
+            model = _fsdp_shardnet() if variant == "fsdp" else ShardNet()
             if variant == "fsdp":
-                fully_shard(model.fc1)
-                fully_shard(model.fc2)
-                fully_shard(model)
                 opt = OffloadMuon(model.named_parameters(), servers=[socket], prefix="fsdp/",
                                   **kw)
                 res["local_numel"] = {n: p.to_local().numel() for n, p in
@@ -176,18 +172,14 @@ def run_fsdp_clipped(rank: int, world: int, init: str, socket: str, outdir: str,
     and step(); the reference is InProcessMuon under DDP, which clips the same mean gradient
     whole. Saves the full parameters and the norms of both."""
     _init(rank, world, init)
-    from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel as DDP
     from muon_offload import InProcessMuon, OffloadMuon
     kw = dict(lr=0.03, weight_decay=0.05, adamw_lr=2e-3, overlap=False)
     try:
         res = {}
         for variant in ("ddp", "fsdp"):
-            model = ShardNet()
+            model = _fsdp_shardnet() if variant == "fsdp" else ShardNet()
             if variant == "fsdp":
-                fully_shard(model.fc1)
-                fully_shard(model.fc2)
-                fully_shard(model)
                 forward = model
                 opt = OffloadMuon(model.named_parameters(), servers=[socket],
                                   prefix="fsdp_clipped/", **kw)

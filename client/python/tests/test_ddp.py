@@ -8,20 +8,13 @@ commutative). Counted by wrapping torch.distributed.all_reduce: the DDP runs all
 the AdamW gradient bytes each step, so the Muon bytes DDP all-reduces are 0. Gradient
 accumulation with DDP's no_sync() equals no_commit() without DDP (bitwise with 2 ranks: g/2 is
 exact)."""
-import socket
-
 import torch
 import torch.multiprocessing as mp
 
 import dist_worker
+from helpers import free_port
 
 STEPS = 4
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_ddp_equals_unwrapped_and_all_reduces_no_muon_bytes(server, tmpdir_private):
