@@ -154,8 +154,7 @@ def run_fsdp(rank: int, world: int, init: str, socket: str, outdir: str, steps: 
                 res.setdefault("step" if variant == "fsdp" else "ref_step", []).append(st)
                 if variant == "fsdp":
                     res["stats"].append(dict(opt.last_step_stats))
-            params = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
-                      for n, p in model.named_parameters()}
+            params = _full(model)
             res[variant] = params
             if hasattr(opt, "close"):
                 opt.close()
@@ -194,8 +193,7 @@ def run_fsdp_clipped(rank: int, world: int, init: str, socket: str, outdir: str,
                 norms.append(float(total.full_tensor() if hasattr(total, "full_tensor")
                                    else total))
                 opt.step()
-            res[variant] = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p)
-                            .detach().clone() for n, p in model.named_parameters()}
+            res[variant] = _full(model)
             res[variant + "_norms"] = norms
             if hasattr(opt, "close"):
                 opt.close()
@@ -284,8 +282,7 @@ def run_tp(rank: int, world: int, init: str, socket: str, outdir: str, steps: in
                 step_reduced.append(sum(reduced))
                 if hasattr(opt, "last_step_stats"):
                     stats.append(dict(opt.last_step_stats))
-            res[variant] = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p)
-                            .detach().clone() for n, p in model.named_parameters()}
+            res[variant] = _full(model)
             res[variant + "_stats"] = stats
             res[variant + "_step_reduced"] = step_reduced
             res[variant + "_step_collectives"] = step_colls
@@ -308,7 +305,9 @@ def _fsdp_shardnet():
 
 
 def _full(model):
-    return {n: p.full_tensor().detach().clone() for n, p in model.named_parameters()}
+    """Every parameter of ``model`` whole (a DTensor gathered), detached copies by name."""
+    return {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+            for n, p in model.named_parameters()}
 
 
 def run_dcp(rank: int, world: int, init: str, socket: str, outdir: str, phase: str):
@@ -433,8 +432,7 @@ def run_hsdp(rank: int, world: int, init: str, socket: str, outdir: str, steps: 
                 step_bytes.append(list(reduced))
                 if variant == "hsdp":
                     stats.append(dict(opt.last_step_stats))
-            res[variant] = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p)
-                            .detach().clone() for n, p in model.named_parameters()}
+            res[variant] = _full(model)
             res[variant + "_stats"] = stats
             res[variant + "_backward_reduced"] = back
             res[variant + "_step_reduced"] = step_bytes
