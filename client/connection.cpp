@@ -276,26 +276,45 @@ transport::RegisterOk Connection::wait_register(uint32_t id, const std::string& 
         wait_reply(id, "the registration of '" + name + "'").payload);
   } catch (const Timeout& e) {
     // A registration waits for every rank of the job: say which ones it still waits for.
-    throw Timeout(e.message() + registration_progress(name));
+    throw Timeout(e.message() + server_progress(name));
   }
 }
 
-std::string Connection::registration_progress(const std::string& name) {
+std::string Connection::server_progress(const std::string& name, int64_t step) {
   try {
     const auto id = send_request(MessageType::status, "");
     const auto status = nlohmann::json::parse(
         wait_reply_until(id, "a status", Clock::now() + std::chrono::seconds(1)).payload);
+    const std::string world = std::to_string(status.value("world_size", 0));
     for (const auto& p : status.at("parameters")) {
-      if (p.at("name") != name || p.value("registered", true) || !p.contains("missing_ranks")) {
-        continue;
-      }
+      if (p.at("name") != name) continue;
       std::string ranks;
-      for (const auto& r : p.at("missing_ranks")) {
+      for (const auto& r : p.value("missing_ranks", nlohmann::json::array())) {
         ranks += (ranks.empty() ? "" : ", ") + std::to_string(r.get<int>());
       }
-      return "; ranks " + ranks + " of the job's " + std::to_string(status.value("world_size", 0)) +
-             " have not registered it (a registration waits for every rank of the job: start "
-             "them all, each registering the same parameters)";
+      if (step < 0) {
+        if (p.value("registered", true) || ranks.empty()) return "";
+        return "; ranks " + ranks + " of the job's " + world +
+               " have not registered it (a registration waits for every rank of the job: start "
+               "them all, each registering the same parameters)";
+      }
+      if (p.contains("gathering_step") && !ranks.empty()) {
+        // A step the server is still gathering: the ranks named have not pushed or committed.
+        char since[32];
+        std::snprintf(since, sizeof since, "%.1f", p.value("gathering_for_s", 0.0));
+        return "; the server is gathering its step " +
+               std::to_string(p.at("gathering_step").get<int64_t>()) + " since " + since +
+               " s and still waits for ranks " + ranks + " of the job's " + world +
+               " (a rank that has not called backward or step() for it, or is stalled: look at "
+               "it; the server's own --step-timeout-ms then fails the step naming it)";
+      }
+      const std::string phase = p.value("phase", "");
+      if (phase == "computing" || phase == "replicating") {
+        return "; the server is still " + phase + " it (a slow server, or a wait too short for "
+               "its Newton-Schulz: raise the timeout)";
+      }
+      return "; the server's last step of it is " +
+             std::to_string(p.value("last_step", int64_t{-1})) + " (" + phase + ")";
     }
   } catch (const std::exception&) {
     // No status within the second, or not the expected one: the timeout says enough.
@@ -544,8 +563,10 @@ bool Connection::take_update(const std::string& name, int64_t step,
                           " was dropped unread: more than " + std::to_string(kMaxHeldUpdates) +
                           " later steps arrived before it was asked for");
   }
+  lk.unlock();  // server_progress sends a request and waits for its answer
   throw Timeout("the update of '" + name + "' step " + std::to_string(step) +
-                " did not arrive from '" + path_ + "' within " + ms_text(op_timeout_));
+                " did not arrive from '" + path_ + "' within " + ms_text(op_timeout_) +
+                server_progress(name, step));
 }
 
 std::vector<float> Connection::fetch_momentum(const std::string& name, int64_t numel,

@@ -201,10 +201,12 @@ class Connection {
   transport::Frame wait_reply(uint32_t id, const std::string& what);
   /// wait_reply until `until` instead of the op timeout.
   transport::Frame wait_reply_until(uint32_t id, const std::string& what, Clock::time_point until);
-  /// What the server's status says of the registration of `name` that did not complete in time:
-  /// "; ranks 1, 2 of the job's 3 have not registered it (...)", or "" when it cannot tell within
-  /// a second (a hung server) or the parameter is not registering.
-  std::string registration_progress(const std::string& name);
+  /// What the server's status says of `name` when a wait for it ran out: for a registration
+  /// (`step` < 0) "; ranks 1, 2 of the job's 3 have not registered it (...)"; for the update of
+  /// `step`, the ranks whose push or commit its gathering still lacks, or the phase it is in
+  /// (computing, replicating). "" when it cannot tell within a second (a hung server) or has
+  /// nothing to add. Call without mu_ held (it sends a request and waits for the answer).
+  std::string server_progress(const std::string& name, int64_t step = -1);
   /// Writes one frame, after the push frames held in push_batch_ (in one write). Throws
   /// ConnectionLost when the write fails.
   void send_frame(transport::MessageType type, const std::string& payload, uint32_t id = 0);

@@ -597,6 +597,41 @@ TEST(ClientApi, RetriedStepIsNotSummedOntoChunksOfTheFailedTry) {
   fs::remove_all(dir);
 }
 
+// A rank's own wait for an update may run out before the server's step timeout (a client
+// timeout shorter than --step-timeout-ms): the Timeout then says what the server still waits for,
+// from its status, and nothing is lost: the step completes once the missing rank comes.
+TEST(ClientApi, AnUpdateWaitThatRunsOutNamesTheRanksTheServerStillWaitsFor) {
+  const auto dir = temp_dir();
+  ServerProcess server(dir, {"--step-timeout-ms", "60000"});
+  auto cfg0 = config_for(server.socket(), transport::DataPlane::shm, 0, 2);
+  cfg0.op_timeout = 600ms;
+  const auto cfg1 = config_for(server.socket(), transport::DataPlane::shm, 1, 2);
+  const auto reg = one_param("w", {8, 16});
+  client::Client c0(cfg0), c1(cfg1);
+  std::thread t([&] { c0.register_parameters({reg}); });
+  c1.register_parameters({reg});
+  t.join();
+  const auto g0 = gradient(128, 0, 0), g1 = gradient(128, 0, 1);
+  c0.push("w", 0, 0, g0.data(), 128);
+  c0.commit("w", 0);
+  std::vector<float> u(128);
+  try {
+    c0.wait_update("w", 0, u.data());
+    FAIL() << "expected a timeout";
+  } catch (const client::Timeout& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("the server is gathering its step 0 since"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("still waits for ranks 1 of the job's 2"), std::string::npos) << msg;
+  }
+  c1.push("w", 0, 0, g1.data(), 128);
+  c1.commit("w", 0);
+  c0.wait_update("w", 0, u.data());
+  std::vector<float> u1(128);
+  c1.wait_update("w", 0, u1.data());
+  EXPECT_TRUE(same_bits(u, u1));
+  fs::remove_all(dir);
+}
+
 TEST(ClientApi, RegistrationTimeoutSaysWhyTheMissingRankWasRefused) {
   const auto dir = temp_dir();
   ServerProcess server(dir, {"--step-timeout-ms", "1500"});
