@@ -269,6 +269,9 @@ class Engine {
   /// a relay that registered for it) has been connected for config_.forget_after are erased
   /// (logged, counted); the memory goes back to the system. Returns how many.
   size_t forget_finished_jobs(std::chrono::steady_clock::time_point now);
+  /// A session of `job` registered (`present`: the job is back, nothing of it goes) or closed
+  /// (its delay counts from now, however short its stay was); with forgetting on only.
+  void note_job_session(const std::string& job, bool present);
 
   boost::asio::io_context& io_;
   ServerConfig config_;
@@ -328,6 +331,7 @@ class Engine {
   boost::asio::steady_timer forget_timer_{io_};
   /// Jobs whose parameters are held here but none of whose sessions is connected: since when.
   std::map<std::string, std::chrono::steady_clock::time_point> job_left_;
+  bool forget_announced_ = false;
   std::optional<PoolRoutes> routes_;  // the plan's routes (config_.plan_path)
   std::unique_ptr<Relay> relay_;      // toward the owners of relayed parameters
   /// Replicas of the parameters whose owner's buddy this server is (or whose takeover owner

@@ -139,8 +139,9 @@ int main(int argc, char** argv) {
       ->check(cli::finite_range(0, 1e9))
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  // Up to the next millisecond: a delay below one must not round to 0 (never).
   config.forget_after =
-      std::chrono::milliseconds(static_cast<int64_t>(std::llround(forget_after_s * 1000.0)));
+      std::chrono::milliseconds(static_cast<int64_t>(std::ceil(forget_after_s * 1000.0)));
   if (health_threshold != "auto") config.health_warn_threshold = std::stod(health_threshold);
   config.step_timeout = std::chrono::milliseconds(step_timeout_ms);
   config.layout.slot_bytes = slot_kib * 1024;

@@ -18,6 +18,12 @@ namespace muon::daemon {
 
 void Engine::schedule_forgetting() {
   if (config_.forget_after.count() <= 0 || stopping_) return;
+  if (!forget_announced_) {
+    log()->info("forgetting the parameters of a job {} ms after the last of its sessions left "
+                "(--forget-finished-jobs-after)",
+                config_.forget_after.count());
+    forget_announced_ = true;
+  }
   // Often enough that a parameter goes within a quarter of the delay of its time, at most
   // every 30 s: a sweep walks the parameters once.
   const auto every = std::clamp(config_.forget_after / 4, std::chrono::milliseconds(50),
@@ -29,6 +35,15 @@ void Engine::schedule_forgetting() {
         forget_finished_jobs(std::chrono::steady_clock::now());
         schedule_forgetting();
       });
+}
+
+void Engine::note_job_session(const std::string& job, bool present) {
+  if (config_.forget_after.count() <= 0) return;
+  if (present) {
+    job_left_.erase(job);
+  } else {
+    job_left_[job] = std::chrono::steady_clock::now();  // the next sweep drops it if still present
+  }
 }
 
 size_t Engine::forget_finished_jobs(std::chrono::steady_clock::time_point now) {

@@ -46,6 +46,7 @@ void Engine::register_param(const SessionPtr& s, const Frame& f,
   spec.update_dtype = m.update_dtype;
   spec.options = m.options;
   s->job = m.job;
+  note_job_session(m.job, /*present=*/true);
   auto it = params_.find(m.name);
   if (it != params_.end() && it->second.registered() &&
       (it->second.job != m.job || it->second.world_size != world_size_)) {

@@ -242,6 +242,7 @@ void Engine::tell_lost(const SessionPtr& lost, const std::string& what) {
 
 void Engine::on_closed(const SessionPtr& s, const std::string& why) {
   sessions_.erase(s->id());
+  if (s->job) note_job_session(*s->job, /*present=*/false);
   reports_.erase(s->id());
   const int rank = s->rank;
   if (rank >= 0) {

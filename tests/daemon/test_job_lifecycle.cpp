@@ -268,6 +268,43 @@ TEST(JobLifecycle, AFinishedJobIsForgottenAfterTheDelayNotWhileARankOfItIsConnec
   fs::remove_all(dir);
 }
 
+TEST(JobLifecycle, AShortReturnOfTheJobStartsItsForgetDelayAgain) {
+  // The delay counts from the last leave, however short the stay before it (shorter than a
+  // sweep, here half a second against sweeps every 0.5 s).
+  const auto dir = temp_dir();
+  ServerProcess server(dir, {"--forget-finished-jobs-after", "2"});
+  const auto reg = one_param("w", {4, 6});
+  Reference ref(reg);
+  {
+    client::Client a(job_config(server.socket(), 0, 1, "job A"));
+    a.register_parameters({reg});
+    const auto g = gradient(24, 0);
+    run_step(a, "w", 0, g);
+    ref.step(g);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  std::chrono::steady_clock::time_point left;
+  {
+    auto back = once_the_last_job_left("is already connected", [&] {
+      return std::make_unique<client::Client>(
+          job_config(server.socket(), 0, 1, "job A", /*resume=*/true));
+    });
+    back->register_parameters({reg});
+    int64_t last = -2;
+    EXPECT_TRUE(same_bits(back->fetch_momentum("w", &last), ref.momentum));
+    EXPECT_EQ(last, 0);
+    left = std::chrono::steady_clock::now();
+  }
+  // 1.2 s after the second leave (2.7 s after the first): still there.
+  std::this_thread::sleep_until(left + std::chrono::milliseconds(1200));
+  EXPECT_EQ(status_names(server.socket()), std::vector<std::string>{"w"});
+  while (!status_names(server.socket()).empty()) {
+    ASSERT_LT(std::chrono::steady_clock::now() - left, std::chrono::seconds(15)) << "never forgot";
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  fs::remove_all(dir);
+}
+
 TEST(JobLifecycle, RanksOfOneRegistrationMustNameTheSameJob) {
   const auto dir = temp_dir();
   ServerProcess server(dir);
