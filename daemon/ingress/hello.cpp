@@ -118,8 +118,9 @@ void Engine::on_hello(const SessionPtr& s, const Frame& f) {
         "rank " + std::to_string(m.rank) + " is already connected (session " +
         std::to_string(other->id()) + ", '" + other->client_name + "'; this hello: '" + m.client +
         "'): a server serves one connection per rank, so one optimizer per trainer process and "
-        "one job at a time. Put the second optimizer's parameters into the first as another "
-        "param group, or give it a server of its own");
+        "one job at a time. In one process: close() the optimizer that is done with, or put the "
+        "second one's parameters into the first as another param group (with names of their "
+        "own); another job needs a server of its own");
   }
   transport::HelloOk ok;
   if (!open_data_plane(s, m, ok, f.request_id)) return;  // refused: the error went out

@@ -96,6 +96,7 @@ class MuonOptimizerBase(torch.optim.Optimizer):
         # The _FIXED_KEYS of each Muon group (by index) as its parameters were registered.
         self._registered_keys: Dict[int, dict] = {}
         self._meta: Dict[torch.Tensor, MuonParam] = {}
+        self._tensor_of_name: Dict[str, torch.Tensor] = {}  # every group's names (unique)
         self._muon_params: List[torch.Tensor] = []
         self._adamw: Optional[torch.optim.AdamW] = None
         self._ddp = None  # the DistributedDataParallel module attach_ddp() was given
@@ -133,7 +134,21 @@ class MuonOptimizerBase(torch.optim.Optimizer):
         for group in self._router.split(param_group):
             self._add_split_group(group)
 
+    def _check_names_unique(self, group: dict) -> None:
+        """InvalidArgument when a name of ``group`` already names another tensor of this
+        optimizer: names key the server's parameters, ``routing`` and the checkpoint, so two
+        models whose ``named_parameters()`` share names (two ``nn.Sequential``) would collide."""
+        for p, name in zip(group["params"], group["param_names"]):
+            other = self._tensor_of_name.setdefault(name, p)
+            if other is not p:
+                raise InvalidArgument(
+                    f"two tensors are both named '{name}': names key the server's parameters, "
+                    "the routing and the checkpoint, so each must be unique in one optimizer; "
+                    "give the models their own names (e.g. [(f\"dec.{n}\", p) for n, p in "
+                    "dec.named_parameters()]) or put them under one nn.Module")
+
     def _add_split_group(self, group: dict) -> None:
+        self._check_names_unique(group)
         if not group["use_muon"]:
             self._add_adamw_group(group)
             return

@@ -288,6 +288,21 @@ def test_a_second_optimizer_in_one_process_is_refused_saying_what_to_do(server):
     msg = str(e.value)
     assert "rank 0 is already connected" in msg and "one optimizer per trainer process" in msg
     assert msg.count(f"pid {os.getpid()}") == 2, msg  # both clients named: this process twice
-    assert "param group" in msg
+    assert "param group" in msg and "close()" in msg
     train(a, first, 1)  # the first goes on
     first.close()
+    # Once the first is closed, another connects.
+    second = OffloadMuon(b.named_parameters(), servers=[server.socket], prefix="b/", **KW)
+    second.close()
+
+
+def test_two_models_whose_names_collide_in_one_optimizer_are_refused():
+    # Two nn.Sequential both name their weights "0.weight": as two param groups of one optimizer
+    # the names would key one server parameter twice (the first step then fails obscurely).
+    enc, dec = nn.Sequential(nn.Linear(4, 4)), nn.Sequential(nn.Linear(4, 4))
+    groups = [{"params": enc.named_parameters()}, {"params": dec.named_parameters(), "lr": 0.01}]
+    with pytest.raises(InvalidArgument, match="two tensors are both named '0.weight'"):
+        InProcessMuon(groups)
+    opt = InProcessMuon([{"params": enc.named_parameters()},
+                         {"params": [(f"dec.{n}", p) for n, p in dec.named_parameters()]}])
+    assert set(opt.routing) == {"0.weight", "0.bias", "dec.0.weight", "dec.0.bias"}
