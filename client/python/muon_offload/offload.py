@@ -1046,6 +1046,16 @@ class OffloadMuon(MuonOptimizerBase):
                 "steps (muon-offloadd --snapshot-every N, or optimizer.snapshot() after step()), "
                 "or, if these parameters really step apart (some take no gradient on some "
                 "steps), pass resume_from_server='per_parameter' to adopt each one's own step")
+        fresh = [self._meta[p].name for p, s in last.items() if s < 0]
+        if fresh:
+            # Asked to resume, yet the server holds nothing of these: say so, not start silently.
+            warnings.warn(
+                f"resume_from_server: the servers hold no momentum for {len(fresh)} of this "
+                f"optimizer's {len(last)} Muon parameter(s) ({', '.join(repr(n) for n in fresh[:3])}"
+                f"{', ...' if len(fresh) > 3 else ''}): those start at step 0 with zero momentum "
+                "(a server restarted without --restore, one that forgot the job after "
+                "--forget-finished-jobs-after, or other names or prefix= than the run before); "
+                "load your last trainer checkpoint to resume them", stacklevel=3)
         for p, s in last.items():
             if s >= 0:
                 self.state[p]["step"] = s + 1

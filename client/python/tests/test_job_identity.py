@@ -104,3 +104,17 @@ def test_offload_muon_rerun_starts_fresh_without_prefix_and_resume_keeps_momentu
     assert not torch.equal(again_opt_momentum, left)  # the rerun's, not the first run's
     assert opt.state[resumed.weight]["step"] == 1
     opt.close()
+
+
+def test_resume_from_a_server_that_holds_nothing_warns_naming_the_parameters(server):
+    # Asked to resume, a server that holds none of the names (restarted without --restore,
+    # forgotten, other names): the run starts at step 0, and the optimizer says so.
+    import torch
+    from muon_offload import OffloadMuon
+    model = torch.nn.Linear(6, 4, bias=False)
+    with pytest.warns(UserWarning, match=r"hold no momentum for 1 of this optimizer's 1 Muon "
+                                         r"parameter\(s\) \('weight'\)"):
+        opt = OffloadMuon(model.named_parameters(), servers=[server.socket], lr=0.02,
+                          resume_from_server=True)
+    assert "step" not in opt.state[model.weight]
+    opt.close()
