@@ -467,8 +467,9 @@ class OffloadMuon(MuonOptimizerBase):
                 "resume_from_server=True), the optimizer state was not loaded "
                 "(optimizer.load_state_dict(checkpoint)), or a backward ran without its step(): "
                 "its gradients were committed during backward and the server already applied "
-                "them (skipping step() after backward is not supported; reload a "
-                "checkpoint).") from None
+                "them (with overlap=True a step() skipped after backward cannot be undone: "
+                "reload a checkpoint, and pass overlap=False to skip steps, clip or unscale "
+                "gradients as with torch).") from None
         raise e
 
     def _lost_steps_report(self) -> str:
@@ -723,16 +724,20 @@ class OffloadMuon(MuonOptimizerBase):
 
     def _check_grad(self, p: torch.Tensor) -> None:
         """A gradient of ``p`` may be taken now: the optimizer is usable and ``p``'s step is not
-        committed yet (MuonOffloadError otherwise)."""
+        committed yet (MuonOffloadError otherwise). Called outside the hooks' _fail: a refusal
+        leaves the step in flight, so that the next step() applies it (the server did) instead
+        of the optimizer falling a step behind its server."""
         self._check_usable()
         if p in self._committed:
             raise MuonOffloadError(
                 f"gradient of '{self._meta[p].name}' arrived after its step "
                 f"{self._pushed.get(p)} was committed: for gradient accumulation wrap all "
                 "but the last micro-batch in `with optimizer.no_commit():` (under DDP: "
-                "`with model.no_sync():`), or call step() between backward passes (a backward "
-                "whose step() is skipped was already applied by the server: to skip steps, or to "
-                "clip or unscale gradients before step(), pass overlap=False)")
+                "`with model.no_sync():`), or call step() between backward passes. A backward "
+                "whose step() is skipped was already applied by the server: that step stays in "
+                "flight, and the next step() applies it (its gradient is that earlier "
+                "backward's). To skip steps, or to clip or unscale gradients before step(), pass "
+                "overlap=False")
 
     def _take_grad(self, p: torch.Tensor, grad: torch.Tensor) -> None:
         """Pushes ``grad`` for Muon parameter ``p`` and commits it (unless in no_commit)."""
@@ -745,8 +750,8 @@ class OffloadMuon(MuonOptimizerBase):
         if p.grad is None or self._ddp is not None:
             return
         t0 = time.perf_counter()
+        self._check_grad(p)  # a refusal leaves the step in flight (no _fail)
         try:
-            self._check_grad(p)
             if self._no_commit_depth and self.mode == "shard" and self.world_size > 1 \
                     and self._meta[p].layout is None:
                 return  # like DDP's no_sync: accumulate in .grad, all-reduce once at the end
@@ -763,13 +768,13 @@ class OffloadMuon(MuonOptimizerBase):
         if p not in self._meta:
             return False
         t0 = time.perf_counter()
+        self._check_grad(p)  # a refusal leaves the step in flight (no _fail)
         try:
             if self._no_commit_depth:
                 raise MuonOffloadError(
                     "optimizer.no_commit() under DistributedDataParallel: accumulate with "
                     "`with model.no_sync():` instead (DDP sums the micro-batches in .grad; the "
                     "last backward pushes the sum)")
-            self._check_grad(p)
             self._take_grad(p, grad)
         except _native.MuonOffloadError as e:
             self._fail(e)

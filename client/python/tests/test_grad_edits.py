@@ -111,14 +111,27 @@ def test_a_step_skipped_after_backward_leaves_no_trace(server):
     opt.close()
 
 
-def test_with_overlap_a_skipped_step_is_refused_with_the_keyword_in_the_advice(server):
-    m = TinyNet()
+def test_with_overlap_a_skipped_step_is_refused_and_stays_in_flight_for_the_next_step(server):
+    # The default pushes and commits during backward: the server applied step 0 already. The
+    # next backward is refused, naming the keyword, and leaves step 0 in flight: the next step()
+    # applies it (the first backward's gradient, as the server did), and the run goes on.
+    m, ref = TinyNet(), TinyNet()
     opt = OffloadMuon(m.named_parameters(), servers=[server.socket], **KW)
     opt.zero_grad(set_to_none=True)
     m(*batch(0)).backward()  # pushed and committed: the server steps the momentum
     opt.zero_grad(set_to_none=True)
-    with pytest.raises(MuonOffloadError, match="overlap=False"):
+    with pytest.raises(MuonOffloadError, match="stays in flight(.|\n)*overlap=False"):
         m(*batch(1)).backward()
+    opt.zero_grad(set_to_none=True)
+    opt.step()
+    assert all(opt.state[p]["step"] == 1 for p in opt._muon_params)
+    train(ref, InProcessMuon(ref.named_parameters(), **KW), 1)  # step 0 on batch 0
+    muon = {n for n, (kind, _) in opt.routing.items() if kind == "muon"}
+    for (n, p), q in zip(m.named_parameters(), ref.parameters()):
+        if n in muon:
+            assert torch.equal(p, q), n
+    train(m, opt, 2, start=2)  # not stuck: steps 1 and 2 go through
+    assert all(opt.state[p]["step"] == 3 for p in opt._muon_params)
     opt.close()
 
 
