@@ -10,6 +10,7 @@
 #include "cli/socket_probe.hpp"
 #include "client/client_error.hpp"
 #include "client/health_probe.hpp"
+#include "daemon/socket_path.hpp"
 
 namespace muon::cli {
 namespace {
@@ -62,7 +63,11 @@ void add_health_command(CLI::App& app) {
       "health",
       "Wait until a muon-offloadd (or every server of a job) answers health checks as ready "
       "(exit 0), or fail");
-  auto* socket = sub->add_option("--socket", args->socket, "The server's Unix socket");
+  auto* socket = sub->add_option("--socket", args->socket,
+                                 "The server's Unix socket (default: the one muon-offloadd "
+                                 "listens on without --socket: $MUON_OFFLOAD_SOCKET, else "
+                                 "$XDG_RUNTIME_DIR/muon-offload/muon-offloadd.sock, else "
+                                 "/tmp/muon-offload-<uid>/muon-offloadd.sock)");
   auto* job = sub->add_option("--job", args->job,
                               "Every server of this job (scripts/muon-offload-launch's manifest)");
   socket->excludes(job);
@@ -76,9 +81,10 @@ void add_health_command(CLI::App& app) {
       check_job(args->job, timeout);
       return;
     }
-    if (args->socket.empty()) throw CommandFailed(2, "health needs --socket PATH or --job NAME");
-    const auto h = client::wait_healthy(args->socket, timeout);
-    std::cout << "ready: " << args->socket << " (" << h.sessions << " session(s), " << h.parameters
+    // As `status`: no --socket is the server started without one.
+    const std::string socket = args->socket.empty() ? daemon::default_socket_path() : args->socket;
+    const auto h = client::wait_healthy(socket, timeout);
+    std::cout << "ready: " << socket << " (" << h.sessions << " session(s), " << h.parameters
               << " parameter(s))\n";
   });
 }

@@ -53,8 +53,9 @@ def servers_from(value) -> List[str]:
     ``$MUON_OFFLOAD_SERVERS`` (scripts/muon-offload-launch sets it), else the default socket of
     a muon-offloadd started without ``--socket`` (:func:`_native.default_socket_path`) when a
     socket is there. InvalidArgument naming all three when none gives a server."""
+    source = "servers="
     if value is None:
-        value = os.environ.get("MUON_OFFLOAD_SERVERS", "")
+        value, source = os.environ.get("MUON_OFFLOAD_SERVERS", ""), "MUON_OFFLOAD_SERVERS"
         if not value:
             default = _native.default_socket_path()
             if stat.S_ISSOCK(os.stat(default).st_mode if os.path.exists(default) else 0):
@@ -62,10 +63,15 @@ def servers_from(value) -> List[str]:
             raise _native.InvalidArgument(
                 "no server given: pass servers=[socket, ...], set MUON_OFFLOAD_SERVERS "
                 "(scripts/muon-offload-launch starts servers and sets it), or start muon-offloadd "
-                f"without --socket (it then listens on {default}, where no socket is now)")
-    if isinstance(value, str):
-        value = [s for s in value.split(",") if s]
-    return list(value)
+                f"without --socket (it then listens on {default}, where no socket is now; "
+                "$MUON_OFFLOAD_SOCKET, else $XDG_RUNTIME_DIR, decide that path: the server and "
+                "this process must see the same)")
+    servers = [s for s in value.split(",") if s] if isinstance(value, str) else list(value)
+    if not servers:
+        raise _native.InvalidArgument(f"{source} names no server ({value!r}): give socket paths "
+                                      "or tcp://HOST:PORT endpoints, or leave it unset for the "
+                                      "default socket")
+    return servers
 
 
 def data_plane_from(value: Optional[str]) -> str:

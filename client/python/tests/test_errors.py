@@ -64,6 +64,12 @@ def test_no_server_configured(monkeypatch, tmpdir_private):
     with pytest.raises(InvalidArgument, match="MUON_OFFLOAD_SERVERS") as e:
         OffloadMuon(TinyNet().named_parameters())
     assert str(tmpdir_private / "muon-offload" / "muon-offloadd.sock") in str(e.value)
+    # An empty list is a mistake to name, not a request for the default socket.
+    with pytest.raises(InvalidArgument, match=r"servers= names no server \(\[\]\)"):
+        OffloadMuon(TinyNet().named_parameters(), servers=[])
+    monkeypatch.setenv("MUON_OFFLOAD_SERVERS", ",")
+    with pytest.raises(InvalidArgument, match="MUON_OFFLOAD_SERVERS names no server"):
+        OffloadMuon(TinyNet().named_parameters())
 
 
 @pytest.mark.parametrize("rule", ["MUON_OFFLOAD_SOCKET", "XDG_RUNTIME_DIR"])
@@ -82,9 +88,11 @@ def test_no_server_given_finds_a_server_at_its_default_socket(rule, monkeypatch,
     daemon = subprocess.Popen([find_binary("muon-offloadd", "daemon"), "--threads", "1",
                                "--log-level", "warn"], env=dict(os.environ))
     try:
-        health = subprocess.run([find_binary("muon-offload", "cli"), "health", "--socket",
-                                 str(sock), "--timeout-ms", "20000"], capture_output=True)
+        # `muon-offload health` without --socket finds it by the same rule.
+        health = subprocess.run([find_binary("muon-offload", "cli"), "health", "--timeout-ms",
+                                 "20000"], capture_output=True, text=True)
         assert health.returncode == 0, health.stderr
+        assert f"ready: {sock}" in health.stdout
         m = TinyNet()
         opt = OffloadMuon(m.named_parameters(), **KW)
         assert opt.servers == [str(sock)]
