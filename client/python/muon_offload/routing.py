@@ -100,6 +100,15 @@ def embedding_params(names) -> set:
             for p in m.parameters(recurse=False)}
 
 
+def _numeric_path(name: str) -> bool:
+    """True when every module component of ``name`` is an index ("0.weight", "layers.3.w" is
+    not): a parameter of nn.Sequential's children, named by position only."""
+    comps = name.split(".")[:-1]
+    if comps and comps[0] == "module":
+        comps = comps[1:]
+    return bool(comps) and all(c.isdigit() for c in comps)
+
+
 def _is_ddp(module) -> bool:
     from torch.nn.parallel import DistributedDataParallel
     return isinstance(module, DistributedDataParallel)
@@ -123,6 +132,8 @@ class Router:
     def __init__(self, names, route: Optional[Callable], adamw_defaults: Mapping):
         self._names = names_from(names)
         self._embeddings = embedding_params(names)
+        self._module_given = isinstance(names, torch.nn.Module)
+        self._warned_numeric = False
         self._route = route
         self._adamw_defaults = dict(adamw_defaults)
         self._unnamed = 0
@@ -169,6 +180,15 @@ class Router:
             else:
                 kind = ((self._route(name, p) if self._route else None) or
                         ("adamw" if id(p) in self._embeddings else default_route(name, p)))
+            if kind.startswith("muon") and forced is None and self._route is None and \
+                    not self._module_given and not self._warned_numeric and \
+                    _numeric_path(name):
+                warnings.warn(f"muon_offload: '{name}' goes to Muon by the name rule, but names "
+                              "of nn.Sequential's children ('0.weight', '3.weight') say nothing "
+                              "of embeddings or the output head: pass names=model (an "
+                              "nn.Embedding then goes to AdamW by its type) or route=, and "
+                              "check opt.routing", stacklevel=5)
+                self._warned_numeric = True
             if kind not in ROUTES:
                 raise InvalidArgument(f"route returned {kind!r} for '{name}': expected 'muon', "
                                       "'muon_flat' or 'adamw'")

@@ -304,6 +304,7 @@ def test_a_second_optimizer_in_one_process_is_refused_saying_what_to_do(server):
     second.close()
 
 
+@pytest.mark.filterwarnings("ignore:muon_offload.*name rule")  # Sequential names, on purpose
 def test_two_models_whose_names_collide_in_one_optimizer_are_refused():
     # Two nn.Sequential both name their weights "0.weight": as two param groups of one optimizer
     # the names would key one server parameter twice (the first step then fails obscurely).

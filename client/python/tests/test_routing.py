@@ -106,8 +106,9 @@ def test_a_module_routes_its_embeddings_to_adamw_by_type_whatever_their_names():
     opt = InProcessMuon(model.parameters(), names=model)
     assert opt.routing == {"0.weight": ("adamw", None), "1.weight": ("muon", (8, 8)),
                            "1.bias": ("adamw", None), "2.weight": ("adamw", None)}
-    # named_parameters() alone carries no module type: the 2-D rule applies
-    assert InProcessMuon(model.named_parameters()).routing["0.weight"] == ("muon", (50, 8))
+    # named_parameters() alone carries no module type: the 2-D rule applies, with a warning
+    with pytest.warns(UserWarning, match="'0.weight' goes to Muon by the name rule"):
+        assert InProcessMuon(model.named_parameters()).routing["0.weight"] == ("muon", (50, 8))
     # an explicit route still decides first
     opt = InProcessMuon(model.parameters(), names=model,
                         route=lambda n, p: "muon" if p.ndim >= 2 else "adamw")
