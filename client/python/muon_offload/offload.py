@@ -207,9 +207,10 @@ class OffloadMuon(MuonOptimizerBase):
     A Muon parameter that got no gradient is skipped (weights and momentum untouched), like
     torch optimizers do. Under torch.distributed without DDP, step() first agrees with the other
     ranks on which parameters have gradients (one all-reduce of a flag each): a rank that lacks
-    one another rank has pushes zeros, as DDP's mean counts it (mode ``server_reduce``; in mode
-    ``shard`` the Muon gradients are all-reduced during backward, so every rank must produce
-    them, as under DDP without find_unused_parameters).
+    one another rank has pushes zeros, as DDP's mean counts it (mode ``server_reduce``, and
+    mode ``shard`` with ``overlap=False``; in mode ``shard`` with the overlap the Muon gradients
+    are all-reduced during backward, so every rank must produce them, as under DDP without
+    find_unused_parameters).
 
     Gradient accumulation: wrap all but the last micro-batch in :meth:`no_commit`. In mode
     ``server_reduce`` each micro-batch's gradient is pushed and the pushes accumulate on the
@@ -798,9 +799,10 @@ class OffloadMuon(MuonOptimizerBase):
         waited = []
         try:
             # A gradient another rank has and this one lacks is pushed as zeros below. In shard
-            # mode the Muon gradients were all-reduced as backward produced them: AdamW only.
+            # mode with the overlap the Muon gradients were all-reduced as backward produced
+            # them: AdamW only (with overlap=False they are all-reduced below, agreed first).
             self._agree_on_grads(([p for _, p in self._muon_items()]
-                                  if self.mode == "server_reduce" else []) +
+                                  if self.mode == "server_reduce" or not self.overlap else []) +
                                  self._adamw_params(), self._pushed)
             for _, p in self._muon_items():
                 if p not in self._pushed and p.grad is not None:

@@ -52,17 +52,21 @@ class BranchNet(GatedNet):
 
 def run_unused(rank: int, world: int, init: str, socket: str, outdir: str):
     """4 steps of InProcessMuon under DDP with find_unused_parameters (the reference), and
-    without DDP InProcessMuon and OffloadMuon (server_reduce), each averaging itself; rank 1
-    skips the gate at steps 1 and 3, both ranks at step 2."""
+    without DDP InProcessMuon, OffloadMuon (server_reduce) and OffloadMuon (shard,
+    overlap=False), each averaging itself; rank 1 skips the gate at steps 1 and 3, both ranks at
+    step 2."""
     from torch.nn.parallel import DistributedDataParallel as DDP
     from muon_offload.torch import InProcessMuon, OffloadMuon
     with gloo_rank(rank, world, init):
-        for variant in ("ddp", "bare", "server_reduce"):
+        for variant in ("ddp", "bare", "server_reduce", "shard_overlap_off"):
             model = BranchNet()
             wrapped = DDP(model, find_unused_parameters=True) if variant == "ddp" else model
             if variant == "server_reduce":
                 opt = OffloadMuon(model.named_parameters(), servers=[socket], prefix="unused/",
                                   timeout_s=60, **KW)
+            elif variant == "shard_overlap_off":  # the Muon gradients all-reduced in step()
+                opt = OffloadMuon(model.named_parameters(), servers=[socket], mode="shard",
+                                  overlap=False, prefix="unused_shard/", timeout_s=60, **KW)
             else:
                 opt = InProcessMuon(model.named_parameters(),
                                     **(dict(KW, ddp=wrapped) if variant == "ddp" else KW))

@@ -48,7 +48,7 @@ def test_a_parameter_one_rank_did_not_use_is_reduced_with_zeros_as_ddp_does(serv
     mp.spawn(dist_worker.run_unused, args=(2, init, server.socket, str(tmpdir_private)),
              nprocs=2, join=True)
     out = {(v, r): torch.load(tmpdir_private / f"{v}_{r}.pt")
-           for v in ("ddp", "bare", "server_reduce") for r in (0, 1)}
+           for v in ("ddp", "bare", "server_reduce", "shard_overlap_off") for r in (0, 1)}
     ref = out[("ddp", 0)]
     for key, o in out.items():
         for i, (p, q) in enumerate(zip(o["params"], ref["params"])):
