@@ -208,9 +208,11 @@ def make_optimizer(args, model, ddp):
     if args.optimizer == "torch":
         return TorchMuonAdamW(model, args)
     from muon_offload import InProcessMuon, OffloadMuon
+    # Clipping reads every gradient between backward and step(): the Muon ones stay in .grad
+    # until step() pushes them (overlap=False) instead of going to the server during backward.
     common = dict(lr=args.lr, momentum=0.95, nesterov=True, weight_decay=args.weight_decay,
                   adamw_lr=args.adamw_lr, adamw_betas=(0.9, 0.95), mode=args.mode,
-                  ddp=ddp)
+                  ddp=ddp, overlap=not args.clip_grad_norm)
     if args.optimizer == "offload":
         return OffloadMuon(model.named_parameters(), **common)
     return InProcessMuon(model.named_parameters(), threads=args.threads, **common)
@@ -286,6 +288,8 @@ def train(rank: int, world: int, args) -> dict:
             for p in ps:
                 p.grad.copy_(flat[pos:pos + p.numel()].view_as(p))
                 pos += p.numel()
+        if args.clip_grad_norm:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
         opt.step()
         for sched in scheds:
             sched.step()
@@ -398,6 +402,9 @@ def main(argv=None):
     ap.add_argument("--adamw-lr", type=float, default=3e-3,
                     help="AdamW learning rate (embeddings, head, norms; all of --optimizer adamw)")
     ap.add_argument("--weight-decay", type=float, default=0.0)
+    ap.add_argument("--clip-grad-norm", type=float, default=0.0, metavar="N",
+                    help="clip the total gradient norm to N before each step (0: no clipping); "
+                         "the offloaded runs then push in step() (overlap=False)")
     ap.add_argument("--threads", type=int, default=1,
                     help="OpenBLAS threads of the in-process kernels (= the server's --threads)")
     ap.add_argument("--seed", type=int, default=1234)
@@ -429,6 +436,12 @@ def main(argv=None):
         ap.error("--resume needs --checkpoint PATH")
     if args.checkpoint_every < 1:
         ap.error("--checkpoint-every must be >= 1")
+    if not args.clip_grad_norm >= 0 or args.clip_grad_norm == float("inf"):
+        ap.error("--clip-grad-norm must be a finite number >= 0")
+    if args.clip_grad_norm and args.mode == "shard" and args.world > 1:
+        ap.error("--clip-grad-norm with --mode shard: the optimizer averages the gradients in "
+                 "step(), after the clip would have seen each rank's own (use server_reduce: "
+                 "DDP averages first)")
 
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

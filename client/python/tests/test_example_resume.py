@@ -51,3 +51,22 @@ def test_resume_needs_a_checkpoint(server, tmpdir_private):
     assert r.returncode != 0 and "--resume needs --checkpoint PATH" in r.stderr
     r = run(server, "--resume", "--checkpoint", str(tmpdir_private / "none.pt"))
     assert r.returncode != 0 and "no checkpoint at" in r.stderr
+
+
+@pytest.mark.skipif(not pathlib.Path("/usr/share/games/fortunes").is_dir(),
+                    reason="the example's corpus (Debian's fortunes package) is not installed")
+def test_clipped_training_through_the_server_is_bitwise_the_in_process_run(server,
+                                                                          tmpdir_private):
+    # --clip-grad-norm: the offloaded run keeps its gradients for the clip (overlap=False) and
+    # its losses are bitwise the in-process optimizer's, which clips the same gradients; the
+    # clip does change the run.
+    losses = {}
+    for name, args in (("offload", ["--optimizer", "offload", "--clip-grad-norm", "0.1"]),
+                       ("inprocess", ["--optimizer", "inprocess", "--clip-grad-norm", "0.1"]),
+                       ("unclipped", ["--optimizer", "offload"])):
+        out = tmpdir_private / f"{name}.json"
+        r = run(server, *args, "--out", str(out))
+        assert r.returncode == 0, r.stdout + r.stderr
+        losses[name] = json.loads(out.read_text())["losses"]
+    assert losses["offload"] == losses["inprocess"]
+    assert losses["offload"] != losses["unclipped"]
