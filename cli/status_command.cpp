@@ -45,6 +45,9 @@ std::string parameter_state(const json& p) {
            (for_s >= 0 ? " for " + wait_text(for_s) : std::string()) + ", missing ranks " +
            ranks_text(p.value("missing_ranks", json::array()));
   }
+  if (p.contains("forgotten_in_s")) {
+    return "idle, its job gone: forgotten in " + wait_text(p["forgotten_in_s"].get<double>());
+  }
   return "idle";
 }
 

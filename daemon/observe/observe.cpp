@@ -2,6 +2,7 @@
 // (when a sample warns; the measurement is daemon/numeric_health.hpp).
 #include "daemon/engine.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -73,6 +74,13 @@ std::string Engine::status_json() const {
       }
     } else if (p.pending) {
       e["missing_ranks"] = p.pending->missing_ranks();  // ranks that have not registered it
+    }
+    e["job"] = p.job;
+    if (auto left = job_left_.find(p.job); left != job_left_.end()) {
+      // --forget-finished-jobs-after: every session of its job has left; forgotten at the first
+      // sweep after this (a sweep comes every quarter of the delay).
+      const auto rest = config_.forget_after - (std::chrono::steady_clock::now() - left->second);
+      e["forgotten_in_s"] = std::max(0.0, std::chrono::duration<double>(rest).count());
     }
     if (const auto* open = p.steps.gathering()) {
       e["gathering_step"] = open->step();

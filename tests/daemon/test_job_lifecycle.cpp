@@ -248,10 +248,20 @@ TEST(JobLifecycle, AFinishedJobIsForgottenAfterTheDelayNotWhileARankOfItIsConnec
   // Gone: its 'w' is forgotten within the delay and a sweep (a quarter of it), not at once.
   EXPECT_EQ(status_names(server.socket()), std::vector<std::string>{"w"});
   const auto gone = std::chrono::steady_clock::now();
-  while (!status_names(server.socket()).empty()) {
+  bool counted_down = false;  // the status said whose it is and when it goes
+  for (;;) {
+    const auto st = nlohmann::json::parse(client::fetch_status(server.socket(), 5s));
+    if (st.at("parameters").empty()) break;
+    const auto& w = st.at("parameters").at(0);
+    EXPECT_EQ(w.at("job"), "job A");
+    if (w.contains("forgotten_in_s")) {
+      counted_down = true;
+      EXPECT_LE(w.at("forgotten_in_s").get<double>(), 0.3);
+    }
     ASSERT_LT(std::chrono::steady_clock::now() - gone, std::chrono::seconds(10)) << "never forgot";
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+  EXPECT_TRUE(counted_down);
   EXPECT_GE(std::chrono::steady_clock::now() - gone, std::chrono::milliseconds(250));
   // The same job resuming after that finds nothing: a fresh start.
   auto again = once_the_last_job_left("is already connected", [&] {
