@@ -166,8 +166,9 @@ class OffloadMuon(MuonOptimizerBase):
             ``.grad`` until step() pushes them, as clipping (``clip_grad_norm_``), a
             ``GradScaler`` (``unscale_``, and the steps it skips), edits, or a step() skipped
             after backward left them: torch.optim.Muon's semantics, without the overlap (under
-            DDP, DDP then all-reduces the Muon gradients too). ``.grad`` stays after step(), as
-            with torch; ``zero_grad()`` clears it.
+            DDP, DDP then all-reduces the Muon gradients too, and each rank pushes its row shard
+            of their mean). ``.grad`` stays after step(), as with torch; ``zero_grad()`` clears
+            it.
 
     Devices: CUDA parameters keep their gradients and updates on the device when the client
     library has CUDA (``muon_offload.has_cuda()``): gradients are pushed from device memory on
@@ -274,6 +275,9 @@ class OffloadMuon(MuonOptimizerBase):
         self._grad_dtype, self._update_dtype = grad_dtype, update_dtype
         self._replica_dims = tuple(replica_mesh_dims)
         self.overlap = bool(overlap)
+        # Under DDP without the overlap every rank holds DDP's mean: each pushes only its row
+        # shard of it (one contributor per element, the whole matrix once over the ranks).
+        self._pushes_ddp_mean = ddp is not None and not self.overlap
         self._client: Optional[Client] = None
         self._pushed: Dict[torch.Tensor, int] = {}  # param -> step being gathered
         self._committed: Dict[torch.Tensor, bool] = {}  # ordered, identity-keyed
@@ -363,7 +367,7 @@ class OffloadMuon(MuonOptimizerBase):
                 m.layout = storage_layout(m.name, p, world_size=self.world_size,
                                           summed_root_dims=self._replica_dims)
                 m.held, m.wanted = list(m.layout.held), list(m.layout.wanted)
-            elif self.mode == "shard" and self.world_size > 1:
+            elif (self.mode == "shard" or self._pushes_ddp_mean) and self.world_size > 1:
                 m.held = row_shard(m.shape, self.rank, self.world_size)
             self._register_on_server(p)
             if p.requires_grad and self.overlap:
@@ -402,9 +406,10 @@ class OffloadMuon(MuonOptimizerBase):
         the server (pushed and committed as each bucket is ready) and all-reduce only the AdamW
         gradients, overlapped with backward as DDP does. ``ddp_hook_state`` then counts the
         bytes of each (``allreduced_bytes``, ``pushed_bytes``). With ``overlap=False`` no hook:
-        DDP averages every gradient as usual and step() pushes the Muon means (rank 0 the mean,
-        the others zeros). Call before the first backward; InvalidArgument for mode ``shard`` or
-        a module that is not DDP."""
+        DDP averages every gradient as usual and step() pushes the Muon means, each rank its row
+        shard when ``ddp=`` was given at construction (attached later: rank 0 the mean, the
+        others zeros). Call before the first backward; InvalidArgument for mode ``shard`` or a
+        module that is not DDP."""
         if self.mode != "server_reduce":
             raise InvalidArgument("attach_ddp(): DDP needs mode 'server_reduce' (the server "
                                   "reduces the Muon gradients)")
@@ -539,9 +544,10 @@ class OffloadMuon(MuonOptimizerBase):
             g = torch.zeros(m.shape, dtype=torch.float32, device=self._io_device(p))
         else:
             g = grad.detach().reshape(m.shape)
-            if self.world_size > 1 and averaged:
-                # Every rank holds the mean: rank 0 pushes it and the others zeros, so that the
-                # server's sum is exactly the mean (w copies of mean/w need not add up to it).
+            if self.world_size > 1 and averaged and not self._pushes_ddp_mean:
+                # Every rank holds the mean, and (DDP attached after the registration) every
+                # rank registered the whole matrix: rank 0 pushes the mean and the others zeros,
+                # so that the server's sum is exactly it (w copies of mean/w need not add up).
                 if self.rank != 0:
                     g = torch.zeros_like(g)
             elif self.world_size > 1:

@@ -79,21 +79,25 @@ def run_unused(rank: int, world: int, init: str, socket: str, outdir: str):
 
 def run_clipped(rank: int, world: int, init: str, socket: str, outdir: str):
     """One rank of test_grad_edits.py's 2-rank case: clip_grad_norm_ over every parameter
-    between backward and step(), 4 steps, OffloadMuon(overlap=False) under DDP, bare
-    (server_reduce) and bare (shard), each beside InProcessMuon in the same setting."""
+    between backward and step(), 4 steps, OffloadMuon(overlap=False) under DDP (given at
+    construction, and attached after it), bare (server_reduce) and bare (shard), each beside
+    InProcessMuon in the same setting. Saves, as the state, the Muon bytes pushed per step."""
     from torch.nn.parallel import DistributedDataParallel as DDP
     from muon_offload.torch import InProcessMuon, OffloadMuon
     with gloo_rank(rank, world, init):
-        for variant in ("ddp", "ddp_ref", "server_reduce", "shard", "bare_ref"):
+        for variant in ("ddp", "ddp_late", "ddp_ref", "server_reduce", "shard", "bare_ref"):
             model = TinyNet()
             wrapped = DDP(model) if variant.startswith("ddp") else model
-            kw = dict(KW, overlap=False, ddp=wrapped if variant.startswith("ddp") else None)
+            at_construction = variant.startswith("ddp") and variant != "ddp_late"
+            kw = dict(KW, overlap=False, ddp=wrapped if at_construction else None)
             if variant.endswith("ref"):
                 opt = InProcessMuon(model.named_parameters(), **kw)
             else:
                 opt = OffloadMuon(model.named_parameters(), servers=[socket], timeout_s=60,
                                   prefix=variant + "/",
                                   mode="shard" if variant == "shard" else "server_reduce", **kw)
+            if variant == "ddp_late":
+                opt.attach_ddp(wrapped)
             norms = []
 
             def clip(_, model=model, norms=norms):
@@ -101,7 +105,9 @@ def run_clipped(rank: int, world: int, init: str, socket: str, outdir: str):
 
             losses = train(model, opt, 4, rank=rank, forward=wrapped, between=clip)
             muon_grads = [p.grad is not None for p in opt._muon_params]
-            finish(outdir, variant, rank, model, opt, losses + norms + muon_grads, None)
+            pushed = getattr(opt, "last_step_stats", {}).get("bytes_pushed")
+            finish(outdir, variant, rank, model, opt, losses + norms + muon_grads,
+                   {"bytes_pushed": pushed})
 
 
 def finish(outdir, variant, rank, model, opt, losses, sd):

@@ -143,10 +143,17 @@ def test_two_ranks_clip_bitwise_as_in_process_under_ddp_and_without(server, tmpd
     mp.spawn(dist_worker.run_clipped, args=(2, init, server.socket, str(tmpdir_private)),
              nprocs=2, join=True)
     out = {(v, r): torch.load(tmpdir_private / f"{v}_{r}.pt", weights_only=False)
-           for v in ("ddp", "ddp_ref", "server_reduce", "shard", "bare_ref") for r in (0, 1)}
+           for v in ("ddp", "ddp_late", "ddp_ref", "server_reduce", "shard", "bare_ref")
+           for r in (0, 1)}
+    muon_bytes = 4 * sum(p.numel() for n, p in TinyNet().named_parameters()
+                         if n in ("conv.weight", "fc1.weight", "fc2.weight", "experts"))
+    # ddp= at construction: each rank pushes its row shard of DDP's mean, the matrix once in
+    # all; attached later (registered whole): rank 0 the mean, rank 1 zeros, twice in all.
+    assert [out[("ddp", r)]["state"]["bytes_pushed"] for r in (0, 1)] == [muon_bytes // 2] * 2
+    assert [out[("ddp_late", r)]["state"]["bytes_pushed"] for r in (0, 1)] == [muon_bytes] * 2
     for r in (0, 1):
-        for variant, ref in (("ddp", "ddp_ref"), ("server_reduce", "bare_ref"),
-                             ("shard", "bare_ref")):
+        for variant, ref in (("ddp", "ddp_ref"), ("ddp_late", "ddp_ref"),
+                             ("server_reduce", "bare_ref"), ("shard", "bare_ref")):
             got, want = out[(variant, r)], out[(ref, r)]
             # losses, then the clipped norms (all above 0.2), then the Muon .grad kept
             assert got["losses"] == want["losses"], (variant, r)
