@@ -60,6 +60,9 @@ size_t Engine::forget_finished_jobs(std::chrono::steady_clock::time_point now) {
   for (const auto& job : held) {
     if (!present.count(job)) job_left_.emplace(job, now);  // first seen gone: counts from now
   }
+  // A device copy still pending may hold a parameter's storage (its continuation runs a poll
+  // later): sweep again next time rather than free what it writes.
+  if (completions_.pending() > 0) return 0;
   size_t forgotten = 0;
   uint64_t bytes = 0;
   for (auto it = params_.begin(); it != params_.end();) {
