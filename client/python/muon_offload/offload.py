@@ -544,11 +544,12 @@ class OffloadMuon(MuonOptimizerBase):
             g = torch.zeros(m.shape, dtype=torch.float32, device=self._io_device(p))
         else:
             g = grad.detach().reshape(m.shape)
-            if self.world_size > 1 and averaged and not self._pushes_ddp_mean:
-                # Every rank holds the mean, and (DDP attached after the registration) every
-                # rank registered the whole matrix: rank 0 pushes the mean and the others zeros,
-                # so that the server's sum is exactly it (w copies of mean/w need not add up).
-                if self.rank != 0:
+            if self.world_size > 1 and averaged:
+                # Every rank holds the mean. Registered as its row shard (ddp= at construction),
+                # each pushes its rows of it; registered whole (DDP attached later), rank 0
+                # pushes it and the others zeros: either way the server's sum is exactly the
+                # mean (w copies of mean/w need not add up to it).
+                if not self._pushes_ddp_mean and self.rank != 0:
                     g = torch.zeros_like(g)
             elif self.world_size > 1:
                 g = g.to(torch.float32) / self.world_size

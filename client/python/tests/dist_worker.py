@@ -106,8 +106,9 @@ def run_clipped(rank: int, world: int, init: str, socket: str, outdir: str):
             losses = train(model, opt, 4, rank=rank, forward=wrapped, between=clip)
             muon_grads = [p.grad is not None for p in opt._muon_params]
             pushed = getattr(opt, "last_step_stats", {}).get("bytes_pushed")
+            momentum = [opt.momentum_buffer(p) for p in opt._muon_params]
             finish(outdir, variant, rank, model, opt, losses + norms + muon_grads,
-                   {"bytes_pushed": pushed})
+                   {"bytes_pushed": pushed, "momentum": momentum})
 
 
 def finish(outdir, variant, rank, model, opt, losses, sd):

@@ -161,6 +161,10 @@ def test_two_ranks_clip_bitwise_as_in_process_under_ddp_and_without(server, tmpd
             assert all(got["losses"][8:]), (variant, "Muon .grad dropped")
             for i, (p, q) in enumerate(zip(got["params"], want["params"])):
                 assert torch.equal(p, q), f"{variant} rank {r}: parameter {i} differs"
+            # The momentum too: Newton-Schulz normalizes, so a gradient pushed at half its
+            # value would still give these weights.
+            for i, (p, q) in enumerate(zip(got["state"]["momentum"], want["state"]["momentum"])):
+                assert torch.equal(p, q), f"{variant} rank {r}: momentum {i} differs"
     for p, q in zip(out[("ddp", 0)]["params"], out[("ddp", 1)]["params"]):
         assert torch.equal(p, q)
 
