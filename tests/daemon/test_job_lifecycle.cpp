@@ -226,6 +226,21 @@ std::vector<std::string> status_names(const std::string& socket) {
   return names;
 }
 
+// Polls `socket`'s status every 20 ms, handing each listed parameter to `look`, until it lists
+// none (true) or `limit` has passed (false: never forgotten).
+template <class F>
+bool wait_forgotten(const std::string& socket, std::chrono::steady_clock::duration limit,
+                    F&& look) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  for (;;) {
+    const auto st = nlohmann::json::parse(client::fetch_status(socket, std::chrono::seconds(5)));
+    if (st.at("parameters").empty()) return true;
+    for (const auto& p : st.at("parameters")) look(p);
+    if (std::chrono::steady_clock::now() >= until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
 TEST(JobLifecycle, AFinishedJobIsForgottenAfterTheDelayNotWhileARankOfItIsConnected) {
   const auto dir = temp_dir();
   ServerProcess server(dir, {"--forget-finished-jobs-after", "0.3"});
@@ -249,18 +264,13 @@ TEST(JobLifecycle, AFinishedJobIsForgottenAfterTheDelayNotWhileARankOfItIsConnec
   EXPECT_EQ(status_names(server.socket()), std::vector<std::string>{"w"});
   const auto gone = std::chrono::steady_clock::now();
   bool counted_down = false;  // the status said whose it is and when it goes
-  for (;;) {
-    const auto st = nlohmann::json::parse(client::fetch_status(server.socket(), 5s));
-    if (st.at("parameters").empty()) break;
-    const auto& w = st.at("parameters").at(0);
+  ASSERT_TRUE(wait_forgotten(server.socket(), std::chrono::seconds(10), [&](const auto& w) {
     EXPECT_EQ(w.at("job"), "job A");
     if (w.contains("forgotten_in_s")) {
       counted_down = true;
-      EXPECT_LE(w.at("forgotten_in_s").get<double>(), 0.3);
+      EXPECT_LE(w.at("forgotten_in_s").template get<double>(), 0.3);
     }
-    ASSERT_LT(std::chrono::steady_clock::now() - gone, std::chrono::seconds(10)) << "never forgot";
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  })) << "never forgot";
   EXPECT_TRUE(counted_down);
   EXPECT_GE(std::chrono::steady_clock::now() - gone, std::chrono::milliseconds(250));
   // The same job resuming after that finds nothing: a fresh start.
@@ -308,10 +318,10 @@ TEST(JobLifecycle, AShortReturnOfTheJobStartsItsForgetDelayAgain) {
   // 1.2 s after the second leave (2.7 s after the first): still there.
   std::this_thread::sleep_until(left + std::chrono::milliseconds(1200));
   EXPECT_EQ(status_names(server.socket()), std::vector<std::string>{"w"});
-  while (!status_names(server.socket()).empty()) {
-    ASSERT_LT(std::chrono::steady_clock::now() - left, std::chrono::seconds(15)) << "never forgot";
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  ASSERT_TRUE(wait_forgotten(server.socket(),
+                             left + std::chrono::seconds(15) - std::chrono::steady_clock::now(),
+                             [](const auto&) {}))
+      << "never forgot";
   fs::remove_all(dir);
 }
 
